@@ -1,0 +1,262 @@
+"""Fused MaxSim forward over padded tensors: one Triton kernel and its launcher.
+
+The cross product is one GEMM ``[Nq*Lq, d] x [d, Nd*Ld]`` whose epilogue is a max over each
+document's Ld columns and a sum over each query's Lq rows. A program owns one block of BM query
+rows (several short queries stacked, or a BM-row chunk of one long query) and a run of documents.
+It streams each document's tokens in tiles of BN through a tensor-core ``tl.dot`` and folds them
+into a running elementwise max ``[BM, BN]``; when a document ends it reduces that to one max per
+query token, sums each query's rows and writes one score per (query, document). The similarity
+tensor never leaves the chip, and every document tile read serves all BM rows.
+
+The loop over (document, tile) pairs is flattened into one loop so that Triton's software pipeline
+keeps loads in flight across document boundaries; the per-document epilogue is a branch inside it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from maxsim._dispatch import interpreting
+from maxsim._tuning import ForwardConfig, forward_config, multiprocessor_count, next_pow2
+
+
+@triton.jit
+def _max_nan(a, b):
+    # A NaN that takes part in a max makes the max NaN (IEEE fmax would drop it).
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _maxsim_fwd_kernel(
+    q_ptr, d_ptr, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
+    Nq, Nd, Lq, Ld, dim,
+    n_chunks, docs_per_program,
+    stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
+    stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d]; stride_dq == 0 when documents are shared
+    stride_dmq, stride_dmn,  # d_mask [Nq|1, Nd, Ld], unit stride on Ld
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr,
+    SEG: tl.constexpr,  # rows per query in a block: pow2 >= Lq, or BM when queries are chunked
+    HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr, MULTIPLY: tl.constexpr,
+    NORMALIZE: tl.constexpr, SAVE_ARGMAX: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,  # Triton's interpreter computes bf16 dots wrongly: upcast there
+):
+    QPB: tl.constexpr = BM // SEG  # queries per block
+    NEG_INF: tl.constexpr = float("-inf")
+    n_mblocks = tl.cdiv(Nq, QPB) * n_chunks
+    i_pid = tl.program_id(0)
+    # Row blocks vary fastest so that the programs reading one document run together (L2 reuse).
+    i_m = i_pid % n_mblocks
+    i_n = i_pid // n_mblocks
+    i_qgroup = i_m // n_chunks
+    i_chunk = i_m % n_chunks
+
+    o_r = tl.arange(0, BM)
+    o_q = i_qgroup * QPB + o_r // SEG  # [BM] query of each row
+    o_s = i_chunk * SEG + o_r % SEG  # [BM] token of each row
+    m_row = (o_q < Nq) & (o_s < Lq)  # [BM]
+    p_q_rows = q_ptr + o_q.to(tl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql  # [BM, 1]
+
+    if HAS_QMASK:
+        b_qm = tl.load(qmask_ptr + o_q.to(tl.int64) * Lq + o_s, mask=m_row, other=0) != 0  # [BM]
+    else:
+        b_qm = m_row
+    o_k = tl.arange(0, BK)
+    if NUM_K == 1:
+        # The whole query block stays on chip for the program's lifetime.
+        if EVEN_K:
+            b_q = tl.load(p_q_rows + o_k[None, :], mask=m_row[:, None], other=0.0)  # [BM, BK]
+        else:
+            b_q = tl.load(p_q_rows + o_k[None, :], mask=m_row[:, None] & (o_k < dim)[None, :], other=0.0)
+    if NORMALIZE:
+        q_sq = tl.zeros([BM], dtype=tl.float32)
+        for kk in tl.static_range(NUM_K):
+            o_kk = kk * BK + o_k
+            b_qk = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+            q_sq += tl.sum(b_qk.to(tl.float32) * b_qk.to(tl.float32), axis=1)
+        q_inv_norm = 1.0 / tl.maximum(tl.sqrt(q_sq), 1e-12)  # [BM]
+
+    n_tiles = tl.cdiv(Ld, BN)
+    doc0 = i_n * docs_per_program
+    n_docs = tl.minimum(docs_per_program, Nd - doc0)
+    p_d_base = d_ptr + i_qgroup.to(tl.int64) * stride_dq  # documents of this query (candidates) or all
+    p_dm_base = dmask_ptr + i_qgroup.to(tl.int64) * stride_dmq
+    o_n = tl.arange(0, BN)
+
+    b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)  # running max per (row, column)
+    if SAVE_ARGMAX:
+        b_arg = tl.zeros([BM, BN], dtype=tl.int32)  # tile index where b_max was reached
+    if HAS_DMASK:
+        b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far
+
+    for it in range(0, n_docs * n_tiles):
+        j = doc0 + it // n_tiles
+        i_t = it % n_tiles
+        o_t = i_t * BN + o_n  # [BN] document tokens
+        m_t = o_t < Ld
+        p_d_rows = p_d_base + j.to(tl.int64) * stride_dn + o_t[:, None] * stride_dl  # [BN, 1]
+
+        b_s = tl.zeros([BM, BN], dtype=tl.float32)
+        if NORMALIZE:
+            d_sq = tl.zeros([BN], dtype=tl.float32)
+        for kk in tl.static_range(NUM_K):
+            o_kk = kk * BK + o_k
+            if EVEN_K:
+                b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
+            else:
+                b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
+            if NUM_K > 1:
+                # Wide embeddings: the query block does not fit on chip, re-read it per chunk (L2).
+                b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+            if DOT_UPCAST:
+                b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            else:
+                b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
+            if NORMALIZE:
+                d_sq += tl.sum(b_d.to(tl.float32) * b_d.to(tl.float32), axis=1)
+        if NORMALIZE:
+            b_s = b_s * (1.0 / tl.maximum(tl.sqrt(d_sq), 1e-12))[None, :]
+
+        if MULTIPLY:
+            # PyLate's rule: masked similarities become 0 and still take part in the max.
+            if HAS_QMASK:
+                b_s = b_s * b_qm.to(tl.float32)[:, None]
+            if HAS_DMASK:
+                b_dm = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
+                b_s = b_s * (b_dm != 0).to(tl.float32)[None, :]
+            if (i_t + 1) * BN > Ld:
+                b_s = tl.where(m_t[None, :], b_s, NEG_INF)
+        elif HAS_DMASK:
+            b_dm = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0) != 0  # [BN]
+            b_s = tl.where(b_dm[None, :], b_s, NEG_INF)
+            b_seen = b_seen | b_dm.to(tl.int32)
+        elif (i_t + 1) * BN > Ld:
+            # Only the ragged last tile pays for the bounds mask.
+            b_s = tl.where(m_t[None, :], b_s, NEG_INF)
+
+        if SAVE_ARGMAX:
+            # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
+            upd = (b_s > b_max) | ((b_s != b_s) & (b_max == b_max))
+            b_max = tl.where(upd, b_s, b_max)
+            b_arg = tl.where(upd, i_t, b_arg)
+        else:
+            b_max = _max_nan(b_max, b_s)
+
+        if i_t == n_tiles - 1:
+            # Document j is complete: one max per query token, one sum per query.
+            b_rowmax = tl.reduce(b_max, 1, _max_nan)  # [BM]
+            b_best = b_rowmax
+            if NORMALIZE:
+                b_best = b_best * q_inv_norm  # a positive scale commutes with the max
+            m_keep = m_row
+            if HAS_QMASK and not MULTIPLY:
+                m_keep = m_keep & b_qm
+            if HAS_DMASK and not MULTIPLY:
+                m_keep = m_keep & (tl.max(b_seen, axis=0) > 0)  # empty document -> 0
+            b_best = tl.where(m_keep, b_best, 0.0)
+            b_score = tl.sum(tl.reshape(b_best, [QPB, SEG]), axis=1)  # [QPB]
+            o_qb = i_qgroup * QPB + tl.arange(0, QPB)
+            p_out = out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j
+            tl.store(p_out, b_score, mask=o_qb < Nq)
+            if SAVE_ARGMAX:
+                is_max = (b_max == b_rowmax[:, None]) | (b_max != b_max)
+                o_tok = b_arg * BN + o_n[None, :]
+                b_idx = tl.min(tl.where(is_max, o_tok, 2147483647), axis=1)  # lowest index among ties
+                m_arg = m_row
+                if HAS_QMASK:
+                    m_arg = m_arg & b_qm
+                if HAS_DMASK and not MULTIPLY:
+                    m_arg = m_arg & (tl.max(b_seen, axis=0) > 0)
+                b_idx = tl.where(m_arg, b_idx, -1)
+                p_arg = argmax_ptr + (o_q.to(tl.int64) * Nd + j) * Lq + o_s
+                tl.store(p_arg, b_idx, mask=m_row)
+            b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+            if SAVE_ARGMAX:
+                b_arg = tl.zeros([BM, BN], dtype=tl.int32)
+            if HAS_DMASK:
+                b_seen = tl.zeros([BN], dtype=tl.int32)
+
+
+def maxsim_forward(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None,
+    d_mask: torch.Tensor | None,
+    *,
+    normalize: bool = False,
+    multiply: bool = False,
+    save_argmax: bool = False,
+    config: ForwardConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the fused forward on canonical, validated inputs.
+
+    Args:
+        Q: ``[Nq, Lq, d]``.  D: ``[Nq|1, Nd, Ld, d]`` (leading 1 = documents shared by all queries).
+        q_mask: bool ``[Nq, Lq]`` or None.  d_mask: bool ``[Nq|1, Nd, Ld]`` or None.
+        multiply: PyLate's mask rule instead of exclusion.
+        save_argmax: also return the winning document token per query token.
+        config: tile configuration; by default :func:`maxsim._tuning.forward_config`.
+
+    Returns:
+        scores ``[Nq, Nd]`` fp32 and, with ``save_argmax``, argmax ``[Nq, Nd, Lq]`` int32
+        (-1 where the query token is masked or the document has no real token).
+    """
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[1], D.shape[2]
+    candidates = D.shape[0] != 1  # per-query candidate lists (Nq == 1 is the same either way)
+    argmax = None
+    if save_argmax:
+        argmax = torch.empty((Nq, Nd, Lq), dtype=torch.int32, device=Q.device)
+    if Nq == 0 or Nd == 0 or Lq == 0 or Ld == 0:
+        # Empty sets contribute 0; there is no token to point at.
+        if argmax is not None:
+            argmax.fill_(-1)
+        return torch.zeros((Nq, Nd), dtype=torch.float32, device=Q.device), argmax
+
+    # The kernel takes any strides but a unit stride on d (one copy otherwise).
+    Q = Q if Q.stride(-1) == 1 else Q.contiguous()
+    D = D if D.stride(-1) == 1 else D.contiguous()
+    interpret = interpreting()
+    cfg = config or forward_config(Nq, Lq, d, Q.dtype, candidates, interpret)
+    BM = cfg.BM
+    # SEG rows per query: short queries stack BM // SEG to a block (cross product only, since
+    # candidate lists are not shared); long ones split into chunks of BM rows.
+    seg = BM if candidates else min(next_pow2(Lq), BM)
+    n_chunks = triton.cdiv(Lq, seg)
+    n_mblocks = triton.cdiv(Nq, BM // seg) * n_chunks
+
+    # Enough programs for `waves` per multiprocessor; each walks a run of documents.
+    slots = 1 if interpret else multiprocessor_count(Q.device) * cfg.waves
+    docs_per_program = max(1, triton.cdiv(Nd, max(1, slots // n_mblocks)))
+    n_docgroups = triton.cdiv(Nd, docs_per_program)
+
+    out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
+    qm = q_mask.contiguous() if q_mask is not None else Q  # any pointer when absent: never read
+    if d_mask is not None:
+        dm = d_mask if d_mask.stride(-1) == 1 else d_mask.contiguous()
+        stride_dmq = dm.stride(0) if dm.shape[0] != 1 else 0
+        stride_dmn = dm.stride(1)
+    else:
+        dm, stride_dmq, stride_dmn = Q, 0, 0
+    BK = cfg.BK
+    num_k = triton.cdiv(d, BK)
+    dot_precision = "ieee" if Q.dtype == torch.float32 else "tf32"
+    grid = (n_mblocks * n_docgroups,)
+    _maxsim_fwd_kernel[grid](
+        Q, D, qm, dm, out, argmax if argmax is not None else out,
+        Nq, Nd, Lq, Ld, d,
+        n_chunks, docs_per_program,
+        Q.stride(0), Q.stride(1),
+        D.stride(0) if D.shape[0] != 1 else 0, D.stride(1), D.stride(2),
+        stride_dmq, stride_dmn,
+        BM=BM, BN=cfg.BN, BK=BK, NUM_K=num_k, SEG=seg,
+        HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, MULTIPLY=multiply,
+        NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % BK == 0),
+        DOT_PRECISION=dot_precision, DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    scores = out[0] if n_chunks == 1 else out.sum(0)
+    return scores, argmax
+
