@@ -21,11 +21,39 @@ import triton.language as tl
 from maxsim._dispatch import interpreting
 from maxsim._tuning import ForwardConfig, forward_config, multiprocessor_count, next_pow2
 
+# Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
+# write cannot pass for a result.
+POISON_OUTPUTS = False
+
 
 @triton.jit
 def _max_nan(a, b):
     # A NaN that takes part in a max makes the max NaN (IEEE fmax would drop it).
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim,
+               LOAD_Q: tl.constexpr, EVEN_K: tl.constexpr, NORMALIZE: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """b_s += Q[:, o_kk] @ D[:, o_kk]^T for one chunk of the embedding dim; returns (b_s, d_sq)."""
+    if EVEN_K:
+        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
+    else:
+        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
+    if LOAD_Q:
+        if EVEN_K:
+            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None], other=0.0)  # [BM, BK]
+        else:
+            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+    if DOT_UPCAST:
+        b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+    else:
+        b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
+    if NORMALIZE:
+        b_df = b_d.to(tl.float32)
+        d_sq += tl.sum(b_df * b_df, axis=1)
+    return b_s, d_sq
 
 
 @triton.jit
@@ -99,23 +127,17 @@ def _maxsim_fwd_kernel(
         p_d_rows = p_d_base + j.to(tl.int64) * stride_dn + o_t[:, None] * stride_dl  # [BN, 1]
 
         b_s = tl.zeros([BM, BN], dtype=tl.float32)
-        if NORMALIZE:
-            d_sq = tl.zeros([BN], dtype=tl.float32)
-        for kk in tl.static_range(NUM_K):
-            o_kk = kk * BK + o_k
-            if EVEN_K:
-                b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
-            else:
-                b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
-            if NUM_K > 1:
-                # Wide embeddings: the query block does not fit on chip, re-read it per chunk (L2).
-                b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
-            if DOT_UPCAST:
-                b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
-            else:
-                b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
-            if NORMALIZE:
-                d_sq += tl.sum(b_d.to(tl.float32) * b_d.to(tl.float32), axis=1)
+        d_sq = tl.zeros([BN], dtype=tl.float32)  # squared norms of the tile's tokens (normalize)
+        if NUM_K == 1:
+            # One dot against the query block that stays on chip (no inner loop, so the
+            # software pipeline runs over the (document, tile) loop itself).
+            b_s, d_sq = _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
+                                   False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST)
+        else:
+            # Wide embeddings: a K-loop streaming [BM, BK] and [BN, BK] chunks (query from L2).
+            for kk in range(NUM_K):
+                b_s, d_sq = _dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
+                                       True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST)
         if NORMALIZE:
             b_s = b_s * (1.0 / tl.maximum(tl.sqrt(d_sq), 1e-12))[None, :]
 
@@ -233,6 +255,10 @@ def maxsim_forward(
     n_docgroups = triton.cdiv(Nd, docs_per_program)
 
     out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
+    if POISON_OUTPUTS:
+        out.fill_(float("nan"))
+        if argmax is not None:
+            argmax.fill_(-2)
     qm = q_mask.contiguous() if q_mask is not None else Q  # any pointer when absent: never read
     if d_mask is not None:
         dm = d_mask if d_mask.stride(-1) == 1 else d_mask.contiguous()

@@ -1,0 +1,96 @@
+"""Sweep the dense forward kernel's tile configurations on the benchmark shapes (GPU only).
+
+    python benchmarks/tune_forward.py [--shapes a,b] [--quick]
+
+For each shape: checks the default configuration against the reference, then times a grid of
+(BM, BN, num_warps, num_stages, waves) and prints the best few with % of the floor. The results
+feed the rule in ``maxsim._tuning.forward_config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+import triton
+
+from maxsim._tuning import ForwardConfig, forward_config
+from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs
+from maxsim.dense.forward import maxsim_forward
+from maxsim.reference import maxsim_reference
+
+
+def candidate_configs(shape, dtype):
+    seg = triton.next_power_of_2(shape.lq)
+    rows = seg * triton.next_power_of_2(shape.nq)
+    bms = sorted({min(max(16, rows), bm) for bm in (32, 64, 128, 256)})
+    for bm, bn, warps in itertools.product(bms, (32, 64, 128), (4, 8)):
+        if bm * bn > 256 * 64 or (bm == 256 and warps == 4):
+            continue
+        yield ForwardConfig(BM=bm, BN=bn, BK=min(128, max(16, triton.next_power_of_2(shape.d))),
+                            num_warps=warps, num_stages=3)
+
+
+def time_config(Q, D, qm, dm, cfg):
+    fn = lambda: maxsim_forward(Q, D, qm, dm, config=cfg)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="")
+    args = ap.parse_args(argv)
+    names = [s for s in args.shapes.split(",") if s]
+    shapes = [s for s in GPU_SHAPES if not names or s.name in names]
+    summary = []
+    for shape in shapes:
+        Q, D, qm, dm = make_inputs(shape, "cuda")
+        D4 = D.unsqueeze(0)
+        dm4 = dm.unsqueeze(0) if dm is not None else None
+        floor_ms = floor_seconds(shape) * 1e3
+        default = forward_config(shape.nq, shape.lq, shape.d, Q.dtype, False)
+        out, _ = maxsim_forward(Q, D4, qm, dm4)
+        ref = maxsim_reference(Q, D, qm, dm)
+        err = ((out - ref).abs().max() / ref.abs().max()).item()
+        results = []
+        for cfg in candidate_configs(shape, Q.dtype):
+            try:
+                ms = time_config(Q, D4, qm, dm4, cfg)
+            except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
+                print(f"  {shape.name} {cfg}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            results.append((ms, cfg))
+            print(f"  {shape.name} BM={cfg.BM} BN={cfg.BN} w={cfg.num_warps}: {ms:.4f} ms", flush=True)
+        results.sort(key=lambda r: r[0])
+        best_ms, best = results[0]
+        # Second pass around the best tile: pipeline depth and waves.
+        for stages, waves in itertools.product((2, 3, 4), (4, 8, 16)):
+            cfg = ForwardConfig(best.BM, best.BN, best.BK, best.num_warps, stages, waves)
+            try:
+                ms = time_config(Q, D4, qm, dm4, cfg)
+            except Exception as e:  # noqa: BLE001
+                print(f"  {shape.name} {cfg}: failed {type(e).__name__}", flush=True)
+                continue
+            results.append((ms, cfg))
+        results.sort(key=lambda r: r[0])
+        default_ms = time_config(Q, D4, qm, dm4, default)
+        best_ms, best = results[0]
+        summary.append((shape.name, floor_ms, default_ms, default, best_ms, best, err))
+        print(f"{shape.name}: floor {floor_ms:.3f} ms, default {default_ms:.3f} ms, best {best_ms:.3f} ms "
+              f"{best}, err {err:.2e}", flush=True)
+        del Q, D, D4, qm, dm
+        torch.cuda.empty_cache()
+    print("\nshape               floor_ms  default_ms  %floor  best_ms  %floor  best config")
+    for name, floor_ms, dms, dcfg, bms, bcfg, err in summary:
+        print(f"{name:18s} {floor_ms:9.3f} {dms:10.3f} {100 * floor_ms / dms:6.1f}% {bms:8.3f} "
+              f"{100 * floor_ms / bms:6.1f}%  BM={bcfg.BM} BN={bcfg.BN} w={bcfg.num_warps} "
+              f"s={bcfg.num_stages} waves={bcfg.waves} (err {err:.1e})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

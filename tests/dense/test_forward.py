@@ -1,0 +1,156 @@
+"""The fused forward kernel against the reference and the float64 oracle.
+
+On a machine without a GPU these run in Triton's interpreter (CI); with a GPU they compile.
+"""
+
+import math
+
+import pytest
+import torch
+
+import maxsim
+from conftest import KERNEL_DEVICE
+from maxsim.reference import maxsim_reference
+from oracle import oracle, rel_err, torch_dtype_err
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def _kernels(monkeypatch):
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+
+
+def rand(*shape, dtype=torch.float16):
+    return torch.randn(*shape, device=KERNEL_DEVICE).to(dtype)
+
+
+def small_ints(*shape, dtype=torch.float16):
+    """Integer values in [-3, 3]: every product and sum is exact, so scores and argmax are exact
+    and ties are frequent."""
+    return torch.randint(-3, 4, shape, device=KERNEL_DEVICE).to(dtype)
+
+
+def check_against_oracle(Q, D, q_mask=None, d_mask=None, **kw):
+    """Kernel error <= 2x the error of PyTorch in the input dtype + a floor, against float64."""
+    out = maxsim.maxsim(Q, D, q_mask, d_mask, **kw)
+    ref64, _ = oracle(Q, D, q_mask, d_mask, **kw)
+    err = rel_err(out, ref64)
+    base = torch_dtype_err(Q, D, ref64, q_mask, d_mask) if not kw else 0.0
+    print(f"kernel rel err {err:.2e}, torch {Q.dtype} rel err {base:.2e}")
+    assert out.dtype == torch.float32 and out.device.type == KERNEL_DEVICE
+    assert err <= 2 * base + 2e-6
+    return out
+
+
+# (Nq, Nd, Lq, Ld, d): lengths 0, 1, primes and block sizes +-1 (BN = 64, BM = 16..128),
+# d not a power of two, d wider than one K chunk.
+SHAPES = [
+    (2, 3, 1, 1, 8),
+    (3, 5, 7, 13, 24),
+    (2, 4, 15, 63, 32),
+    (2, 4, 16, 64, 64),
+    (1, 3, 17, 65, 100),
+    (5, 2, 31, 127, 128),
+    (2, 2, 33, 129, 16),
+    (1, 2, 127, 3, 64),
+    (2, 2, 129, 37, 32),
+    (3, 3, 11, 19, 200),
+    (2, 2, 5, 70, 256),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_cross_product(shape, dtype):
+    nq, nd, lq, ld, d = shape
+    check_against_oracle(rand(nq, lq, d, dtype=dtype), rand(nd, ld, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("lq,ld", [(9, 11), (1, 65), (130, 20)])
+def test_candidate_layout(dtype, lq, ld):
+    check_against_oracle(rand(3, lq, 32, dtype=dtype), rand(3, 4, ld, 32, dtype=dtype))
+
+
+@pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+def test_masks_modes_normalize(mask_mode, normalize, layout):
+    nq, lq, ld, d = 4, 13, 70, 32
+    Q = rand(nq, lq, d)
+    D = rand(5, ld, d) if layout == "cross" else rand(nq, 5, ld, d)
+    q_mask = torch.rand(nq, lq, device=KERNEL_DEVICE) > 0.3  # holes anywhere
+    d_mask = torch.rand(D.shape[:-1], device=KERNEL_DEVICE) > 0.5
+    q_mask[1] = False  # a query with no real token
+    d_mask[..., 2, :] = False  # a document with no real token
+    d_mask[..., 3, 64:] = False  # a document whose only real tokens are in the first tile
+    out = check_against_oracle(Q, D, q_mask, d_mask, mask_mode=mask_mode, normalize=normalize)
+    assert torch.all(out[1] == 0)
+
+
+def test_exact_scores_and_argmax_with_ties():
+    # Small integers: the kernel must agree with the oracle bit for bit, ties included.
+    for lq, ld, d in [(5, 9, 16), (33, 130, 24), (130, 64, 8)]:
+        Q, D = small_ints(3, lq, d), small_ints(4, ld, d)
+        D[:, ld // 2] = D[:, 0]  # exact duplicate tokens in every document
+        q_mask = torch.rand(3, lq, device=KERNEL_DEVICE) > 0.2
+        d_mask = torch.rand(4, ld, device=KERNEL_DEVICE) > 0.2
+        d_mask[1] = False
+        for mode in ["exclude", "multiply"]:
+            scores, arg = maxsim.maxsim(Q, D, q_mask, d_mask, mask_mode=mode, return_argmax=True)
+            ref, ref_arg = oracle(Q, D, q_mask, d_mask, mask_mode=mode)
+            assert torch.equal(scores.double().cpu(), ref)
+            assert arg.dtype == torch.int32 and arg.shape == (3, 4, lq)
+            assert torch.equal(arg.long().cpu(), ref_arg)
+
+
+def test_argmax_candidates_matches_reference():
+    Q, D = small_ints(2, 20, 16, dtype=torch.bfloat16), small_ints(2, 3, 70, 16, dtype=torch.bfloat16)
+    scores, arg = maxsim.maxsim(Q, D, return_argmax=True)
+    ref, ref_arg = maxsim_reference(Q.cpu(), D.cpu(), return_argmax=True)
+    assert torch.equal(scores.cpu(), ref) and torch.equal(arg.cpu(), ref_arg)
+
+
+def test_nan_propagates():
+    Q, D = rand(3, 9, 16, dtype=torch.float32), rand(4, 70, 16, dtype=torch.float32)
+    D[2, 66, 3] = math.nan  # in the ragged last tile
+    Q[1, 4, 0] = math.nan
+    d_mask = torch.ones(4, 70, dtype=torch.bool, device=KERNEL_DEVICE)
+    out = maxsim.maxsim(Q, D, None, d_mask)
+    expected = torch.zeros(3, 4, dtype=torch.bool)
+    expected[:, 2] = True
+    expected[1, :] = True
+    assert torch.equal(torch.isnan(out).cpu(), expected)
+    # A NaN in a masked token takes no part.
+    d_mask[2, 66] = False
+    q_mask = torch.ones(3, 9, dtype=torch.bool, device=KERNEL_DEVICE)
+    q_mask[1, 4] = False
+    assert not torch.isnan(maxsim.maxsim(Q, D, q_mask, d_mask)).any()
+
+
+def test_empty_sets():
+    for nq, nd, lq, ld in [(0, 3, 4, 5), (2, 0, 4, 5), (2, 3, 0, 5), (2, 3, 4, 0)]:
+        out, arg = maxsim.maxsim(rand(nq, lq, 16), rand(nd, ld, 16), return_argmax=True)
+        assert out.shape == (nq, nd) and torch.all(out == 0)
+        assert arg.shape == (nq, nd, lq) and torch.all(arg == -1)
+
+
+def test_two_d_inputs_and_non_contiguous():
+    q, doc = rand(5, 32), rand(7, 32)
+    Q = rand(3, 32, 5).transpose(1, 2)  # [3, 5, 32], d not unit-stride
+    D = rand(7, 4, 32).transpose(0, 1)  # [4, 7, 32], non-contiguous batch
+    assert not Q.is_contiguous() and not D.is_contiguous()
+    ref = maxsim_reference(Q.cpu(), D.cpu())
+    assert rel_err(maxsim.maxsim(Q, D), ref) < 1e-5
+    assert maxsim.maxsim(q, doc).shape == ()
+    assert rel_err(maxsim.maxsim(q, D), maxsim_reference(q.cpu(), D.cpu())) < 1e-5
+    assert rel_err(maxsim.maxsim(Q, doc), maxsim_reference(Q.cpu(), doc.cpu())) < 1e-5
+
+
+def test_inputs_requiring_grad_are_refused():
+    Q = rand(2, 4, 16, dtype=torch.float32).requires_grad_()
+    with pytest.raises(NotImplementedError, match="no backward yet"):
+        maxsim.maxsim(Q, rand(3, 5, 16, dtype=torch.float32))
+    with torch.no_grad():
+        assert maxsim.maxsim(Q, rand(3, 5, 16, dtype=torch.float32)).shape == (2, 3)

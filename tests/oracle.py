@@ -1,0 +1,87 @@
+"""An independent float64 oracle of the MaxSim contract, written pair by pair for clarity.
+
+It shares no code with ``maxsim.reference``: a test that compares the two checks the rules twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def oracle(Q, D, q_mask=None, d_mask=None, *, normalize=False, mask_mode="exclude"):
+    """Scores and argmax in float64 for 3-D Q ``[Nq, Lq, d]`` and D ``[Nd, Ld, d]`` or ``[Nq, K, Ld, d]``.
+
+    Returns (scores ``[Nq, Nd]`` float64, argmax ``[Nq, Nd, Lq]`` int64 with -1 for no winner).
+    """
+    Nq, Lq, _ = Q.shape
+    cand = D.dim() == 4
+    Nd, Ld = D.shape[-3], D.shape[-2]
+    scores = torch.zeros(Nq, Nd, dtype=torch.float64)
+    argmax = torch.full((Nq, Nd, Lq), -1, dtype=torch.int64)
+    Q = Q.double().cpu()
+    D = D.double().cpu()
+    if normalize:
+        Q = Q / Q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        D = D / D.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    for i in range(Nq):
+        for j in range(Nd):
+            doc = D[i, j] if cand else D[j]  # [Ld, d]
+            dm = (d_mask[i, j] if cand else d_mask[j]).cpu() if d_mask is not None else torch.ones(Ld, dtype=torch.bool)
+            total = torch.zeros((), dtype=torch.float64)
+            for s in range(Lq):
+                q_real = bool(q_mask[i, s]) if q_mask is not None else True
+                sims = doc @ Q[i, s]  # [Ld]
+                if mask_mode == "multiply":
+                    sims = sims * dm.double() * float(q_real)
+                    if Ld == 0:
+                        continue
+                    best = sims.max()
+                    total = total + best
+                    if q_real:
+                        argmax[i, j, s] = _first_argmax(sims)
+                    continue
+                if not q_real or not bool(dm.any()):
+                    continue
+                real = sims[dm]
+                best = real.max()
+                total = total + best
+                argmax[i, j, s] = int(torch.nonzero(dm).flatten()[_first_argmax(real)])
+            scores[i, j] = total
+    return scores, argmax
+
+
+def _first_argmax(v: torch.Tensor) -> int:
+    """Lowest index of the maximum; a NaN counts as the maximum."""
+    nan = torch.isnan(v)
+    if bool(nan.any()):
+        return int(torch.nonzero(nan).flatten()[0])
+    return int(torch.nonzero(v == v.max()).flatten()[0])
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max|out - ref| / max|ref| over finite entries (NaNs must match; checked separately)."""
+    out = out.double().cpu()
+    ref = ref.double().cpu()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN pattern differs"
+    fin = ~torch.isnan(ref)
+    if not bool(fin.any()):
+        return 0.0
+    scale = ref[fin].abs().max().clamp_min(1e-30)
+    return float((out[fin] - ref[fin]).abs().max() / scale)
+
+
+def torch_dtype_err(Q, D, ref64: torch.Tensor, q_mask=None, d_mask=None) -> float:
+    """The error of the plain PyTorch computation in the input dtype (the tolerance yardstick)."""
+    if D.dim() == 3:
+        S = torch.einsum("asd,btd->abst", Q.cpu(), D.cpu())
+    else:
+        S = torch.einsum("asd,abtd->abst", Q.cpu(), D.cpu())
+    S = S.float()
+    if d_mask is not None:
+        dm = d_mask.cpu()[None, :, None, :] if D.dim() == 3 else d_mask.cpu()[:, :, None, :]
+        S = S.masked_fill(~dm, float("-inf"))
+    best = S.max(-1).values if S.shape[-1] else torch.zeros(S.shape[:-1])
+    best = torch.where(torch.isinf(best) & (best < 0), torch.zeros_like(best), best)
+    if q_mask is not None:
+        best = best * q_mask.cpu()[:, None, :]
+    return rel_err(best.sum(-1).to(Q.dtype).float(), ref64)
