@@ -26,11 +26,28 @@ def candidate_configs(shape, dtype):
     seg = triton.next_power_of_2(shape.lq)
     rows = seg * triton.next_power_of_2(shape.nq)
     bms = sorted({min(max(16, rows), bm) for bm in (32, 64, 128, 256)})
-    for bm, bn, warps in itertools.product(bms, (32, 64, 128), (4, 8)):
+    bks = (64, 128) if shape.d > 128 else (min(128, max(16, triton.next_power_of_2(shape.d))),)
+    for bm, bn, warps, bk in itertools.product(bms, (32, 64, 128), (4, 8), bks):
         if bm * bn > 256 * 64 or (bm == 256 and warps == 4):
             continue
-        yield ForwardConfig(BM=bm, BN=bn, BK=min(128, max(16, triton.next_power_of_2(shape.d))),
-                            num_warps=warps, num_stages=3)
+        yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
+    # Per-tile row reduction: only the accumulator lives in registers, so wider tiles fit.
+    for bm, bn, warps, bk in itertools.product(bms, (64, 128, 256), (4, 8), bks):
+        if bm < 64 or bm * bn > 256 * 128 or (bm == 256 and warps == 4):
+            continue
+        yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3, row_max=True)
+
+
+def describe_compiled():
+    """Registers, spills, shared memory and whether wgmma is used, for every compiled variant."""
+    from maxsim.dense.forward import _maxsim_fwd_kernel
+
+    for dev, caches in getattr(_maxsim_fwd_kernel, "device_caches", {}).items():
+        for key, k in caches[0].items():
+            ptx = k.asm.get("ptx", "")
+            print(f"  compiled: regs={k.n_regs} spills={k.n_spills} smem={k.metadata.shared} "
+                  f"warps={k.metadata.num_warps} stages={k.metadata.num_stages} wgmma={'wgmma' in ptx} "
+                  f"mma.sync={'mma.sync' in ptx} key={str(key)[-160:]}")
 
 
 def time_config(Q, D, qm, dm, cfg):
@@ -64,12 +81,13 @@ def main(argv=None):
                 print(f"  {shape.name} {cfg}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
             results.append((ms, cfg))
-            print(f"  {shape.name} BM={cfg.BM} BN={cfg.BN} w={cfg.num_warps}: {ms:.4f} ms", flush=True)
+            print(f"  {shape.name} BM={cfg.BM} BN={cfg.BN} BK={cfg.BK} w={cfg.num_warps} row_max={cfg.row_max}: "
+                  f"{ms:.4f} ms", flush=True)
         results.sort(key=lambda r: r[0])
         best_ms, best = results[0]
         # Second pass around the best tile: pipeline depth and waves.
-        for stages, waves in itertools.product((2, 3, 4), (4, 8, 16)):
-            cfg = ForwardConfig(best.BM, best.BN, best.BK, best.num_warps, stages, waves)
+        for stages, waves in itertools.product((2, 3, 4), (1, 2, 4, 8, 16)):
+            cfg = ForwardConfig(best.BM, best.BN, best.BK, best.num_warps, stages, waves, best.row_max)
             try:
                 ms = time_config(Q, D4, qm, dm4, cfg)
             except Exception as e:  # noqa: BLE001
@@ -84,11 +102,12 @@ def main(argv=None):
               f"{best}, err {err:.2e}", flush=True)
         del Q, D, D4, qm, dm
         torch.cuda.empty_cache()
+    describe_compiled()
     print("\nshape               floor_ms  default_ms  %floor  best_ms  %floor  best config")
     for name, floor_ms, dms, dcfg, bms, bcfg, err in summary:
         print(f"{name:18s} {floor_ms:9.3f} {dms:10.3f} {100 * floor_ms / dms:6.1f}% {bms:8.3f} "
               f"{100 * floor_ms / bms:6.1f}%  BM={bcfg.BM} BN={bcfg.BN} w={bcfg.num_warps} "
-              f"s={bcfg.num_stages} waves={bcfg.waves} (err {err:.1e})")
+              f"BK={bcfg.BK} s={bcfg.num_stages} waves={bcfg.waves} row_max={bcfg.row_max} (err {err:.1e})")
     return 0
 
 

@@ -25,6 +25,7 @@ class ForwardConfig:
     BM: query rows per program (several queries stacked, or a chunk of a long query).
     BN: document tokens per tile.  BK: embedding dims per ``tl.dot`` (d > BK loops over d).
     waves: programs launched per multiprocessor; sets how many documents each program walks.
+    row_max: reduce each tile to a per-row max at once instead of a running [BM, BN] max.
     """
 
     BM: int
@@ -33,6 +34,7 @@ class ForwardConfig:
     num_warps: int
     num_stages: int
     waves: int = 8
+    row_max: bool = False
 
 
 def multiprocessor_count(device: torch.device) -> int:
@@ -45,17 +47,44 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=1024)
 def forward_config(
-    Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False
+    Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False,
+    small: bool = False,
 ) -> ForwardConfig:
-    """The forward tile configuration for a shape (depends on buckets of Lq and d only)."""
-    wide = dtype == torch.float32
-    BK = min(64 if wide else 128, max(16, next_pow2(d)))
+    """The forward tile configuration for a shape.
+
+    Depends on power-of-two buckets of Lq, Nq and d, the dtype, the layout, and ``small`` (the
+    whole problem is under ~20 GFLOP, where latency, not throughput, decides).
+    Measured on an H200 (BENCHMARKS.md, benchmarks/tune_forward.py):
+    - many query rows per document (>= 256): BM=256, 8 warps, per-tile row max (71 % of the
+      compute floor at 32 x 100K, against 56 % for BM=128 with the running [BM, BN] max);
+    - d > 128: BK=64 chunks with BM=128, BN=128 (shared memory caps wider tiles);
+    - one short query (rows < 128): bandwidth-bound, BM=32-64, BN=128, running max;
+    - small problems: BM=64 so that there are enough programs.
+    """
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
-    BM = min(128, max(16, rows))
-    BN = 32 if wide else 64
+    if dtype == torch.float32:
+        # IEEE fp32 dots run on the FMA units: modest tiles, a running max.
+        BM = min(128, max(16, rows))
+        cfg = ForwardConfig(BM=BM, BN=32, BK=min(64, max(16, next_pow2(d))), num_warps=4, num_stages=2)
+    elif d > 128:
+        cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=128, BK=64, num_warps=4, num_stages=3, row_max=True)
+    elif small and rows >= 64:
+        cfg = ForwardConfig(BM=64, BN=64, BK=max(16, next_pow2(d)), num_warps=8, num_stages=2, waves=4, row_max=True)
+    elif rows >= 256:
+        cfg = ForwardConfig(BM=256, BN=64, BK=max(16, next_pow2(d)), num_warps=8, num_stages=3, row_max=True)
+    elif rows >= 128:
+        cfg = ForwardConfig(BM=128, BN=64, BK=max(16, next_pow2(d)), num_warps=4, num_stages=3)
+    else:
+        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=max(16, next_pow2(d)), num_warps=8, num_stages=3)
     if interpret:
-        return ForwardConfig(BM=BM, BN=BN, BK=BK, num_warps=4, num_stages=1, waves=1)
-    num_warps = 8 if BM * BN >= 128 * 64 else 4
-    return ForwardConfig(BM=BM, BN=BN, BK=BK, num_warps=num_warps, num_stages=3)
+        # The interpreter runs one program at a time: few, small programs, no pipelining.
+        return ForwardConfig(BM=min(cfg.BM, 64), BN=min(cfg.BN, 64), BK=cfg.BK, num_warps=4, num_stages=1,
+                             waves=1, row_max=cfg.row_max)
+    return cfg
+
+
+# Below this many multiply-adds x 2 a problem is "small" (forward_config).
+SMALL_PROBLEM_FLOPS = 2e10

@@ -154,3 +154,20 @@ def test_inputs_requiring_grad_are_refused():
         maxsim.maxsim(Q, rand(3, 5, 16, dtype=torch.float32))
     with torch.no_grad():
         assert maxsim.maxsim(Q, rand(3, 5, 16, dtype=torch.float32)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("row_max", [False, True], ids=["running-max", "row-max"])
+@pytest.mark.parametrize("bm,bn", [(16, 16), (64, 32), (32, 64)])
+def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
+    # The configuration rule picks one strategy per shape; both must be exact everywhere.
+    from maxsim._tuning import ForwardConfig
+    from maxsim.dense.forward import maxsim_forward
+
+    Q, D = small_ints(3, 37, 24), small_ints(4, 70, 24)
+    q_mask = torch.rand(3, 37, device=KERNEL_DEVICE) > 0.2
+    d_mask = torch.rand(4, 70, device=KERNEL_DEVICE) > 0.3
+    d_mask[2] = False
+    cfg = ForwardConfig(BM=bm, BN=bn, BK=32, num_warps=4, num_stages=1, waves=1, row_max=row_max)
+    out, _ = maxsim_forward(Q, D[None], q_mask, d_mask[None], config=cfg)
+    ref, _ = oracle(Q, D, q_mask, d_mask)
+    assert torch.equal(out.double().cpu(), ref)

@@ -172,6 +172,7 @@ def _time_ms(fn, device: str, quick: bool) -> float:
 
 
 def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bool) -> dict:
+    """ms, % of floor, peak MB and relative error of one cell; exceptions propagate."""
     from maxsim.reference import maxsim_reference
 
     Q, D, q_mask, d_mask = make_inputs(shape, device, seed)
@@ -377,6 +378,11 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _fmt_pct(value) -> str:
+    # One decimal on the GPU; two significant digits for the tiny CPU percentages.
+    return "-" if value is None else f"{value:.1f}" if value >= 0.1 else f"{value:.2g}"
+
+
 def format_table(rows: list[dict]) -> str:
     """Fixed-width text table, one line per row."""
     head = ["shape", "provider", "ms", "% floor", "peak MB", "rel err", "maxsim x", "note"]
@@ -387,7 +393,7 @@ def format_table(rows: list[dict]) -> str:
             r["shape"],
             r["provider"],
             _fmt(r["ms"], ".3f") if ok else r["status"],
-            _fmt(r["pct_floor"], ".3g"),
+            _fmt_pct(r["pct_floor"]),
             _fmt(r["peak_mb"], ".1f"),
             _fmt(r["rel_err"], ".1e"),
             "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import interpreting
-from maxsim._tuning import ForwardConfig, forward_config, multiprocessor_count, next_pow2
+from maxsim._tuning import SMALL_PROBLEM_FLOPS, ForwardConfig, forward_config, multiprocessor_count, next_pow2
 
 # Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
 # write cannot pass for a result.
@@ -70,6 +70,7 @@ def _maxsim_fwd_kernel(
     NORMALIZE: tl.constexpr, SAVE_ARGMAX: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,  # Triton's interpreter computes bf16 dots wrongly: upcast there
+    ROW_MAX: tl.constexpr,
 ):
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
@@ -113,7 +114,14 @@ def _maxsim_fwd_kernel(
     p_dm_base = dmask_ptr + i_qgroup.to(tl.int64) * stride_dmq
     o_n = tl.arange(0, BN)
 
-    b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)  # running max per (row, column)
+    # Running max: per (row, column) folded elementwise (one max per element, reduced across
+    # columns once per document) or, with ROW_MAX, reduced to one value per row after every tile
+    # (half the registers, so wider tiles fit). The argmax needs the per-column form.
+    ELEMENTWISE: tl.constexpr = SAVE_ARGMAX or not ROW_MAX
+    if ELEMENTWISE:
+        b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+    else:
+        b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
     if SAVE_ARGMAX:
         b_arg = tl.zeros([BM, BN], dtype=tl.int32)  # tile index where b_max was reached
     if HAS_DMASK:
@@ -163,12 +171,17 @@ def _maxsim_fwd_kernel(
             upd = (b_s > b_max) | ((b_s != b_s) & (b_max == b_max))
             b_max = tl.where(upd, b_s, b_max)
             b_arg = tl.where(upd, i_t, b_arg)
-        else:
+        elif ELEMENTWISE:
             b_max = _max_nan(b_max, b_s)
+        else:
+            b_max = _max_nan(b_max, tl.reduce(b_s, 1, _max_nan))
 
         if i_t == n_tiles - 1:
             # Document j is complete: one max per query token, one sum per query.
-            b_rowmax = tl.reduce(b_max, 1, _max_nan)  # [BM]
+            if ELEMENTWISE:
+                b_rowmax = tl.reduce(b_max, 1, _max_nan)  # [BM]
+            else:
+                b_rowmax = b_max
             b_best = b_rowmax
             if NORMALIZE:
                 b_best = b_best * q_inv_norm  # a positive scale commutes with the max
@@ -194,7 +207,10 @@ def _maxsim_fwd_kernel(
                 b_idx = tl.where(m_arg, b_idx, -1)
                 p_arg = argmax_ptr + (o_q.to(tl.int64) * Nd + j) * Lq + o_s
                 tl.store(p_arg, b_idx, mask=m_row)
-            b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+            if ELEMENTWISE:
+                b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+            else:
+                b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
             if SAVE_ARGMAX:
                 b_arg = tl.zeros([BM, BN], dtype=tl.int32)
             if HAS_DMASK:
@@ -241,7 +257,8 @@ def maxsim_forward(
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if D.stride(-1) == 1 else D.contiguous()
     interpret = interpreting()
-    cfg = config or forward_config(Nq, Lq, d, Q.dtype, candidates, interpret)
+    small = 2.0 * Nq * Nd * Lq * Ld * d < SMALL_PROBLEM_FLOPS
+    cfg = config or forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, small)
     BM = cfg.BM
     # SEG rows per query: short queries stack BM // SEG to a block (cross product only, since
     # candidate lists are not shared); long ones split into chunks of BM rows.
@@ -281,6 +298,7 @@ def maxsim_forward(
         HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, MULTIPLY=multiply,
         NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % BK == 0),
         DOT_PRECISION=dot_precision, DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
+        ROW_MAX=cfg.row_max,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     scores = out[0] if n_chunks == 1 else out.sum(0)

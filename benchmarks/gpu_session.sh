@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
+#   bash benchmarks/gpu_session.sh tests tune bench
+# Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/maxsim-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+status=0
+for step in "$@"; do
+  case "$step" in
+    tests) python3 -m pytest -q -p no:cacheprovider tests/dense tests/test_reference.py tests/test_checks.py -rs 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
+    tune)  python3 benchmarks/tune_forward.py 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
+    overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
+    bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
+    *) echo "unknown step $step"; status=2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,5 @@
+import sys
+
+from maxsim.cli import main
+
+sys.exit(main())
