@@ -17,6 +17,7 @@ for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -q -p no:cacheprovider tests/dense tests/test_reference.py tests/test_checks.py -rs 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
     tune)  python3 benchmarks/tune_forward.py 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
+    profile) python3 benchmarks/profile_small.py 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
     bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;

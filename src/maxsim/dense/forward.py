@@ -56,7 +56,9 @@ def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim,
     return b_s, d_sq
 
 
-@triton.jit
+# Sizes vary call to call: no value specialisation (Triton would compile again for 1 or multiples
+# of 16). Strides stay specialised: their divisibility by 16 gives 16-byte loads.
+@triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "n_chunks", "docs_per_program"])
 def _maxsim_fwd_kernel(
     q_ptr, d_ptr, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
     Nq, Nd, Lq, Ld, dim,
