@@ -33,58 +33,46 @@ class ForwardConfig:
     BK: int
     num_warps: int
     num_stages: int
-    waves: int = 8
+    waves: int = 2
     row_max: bool = False
 
 
-def multiprocessor_count(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _multiprocessor_count(index)
-
-
 @functools.lru_cache(maxsize=16)
-def _multiprocessor_count(device_index: int) -> int:
+def multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=1024)
-def forward_config(
-    Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False,
-    small: bool = False,
-) -> ForwardConfig:
-    """The forward tile configuration for a shape.
+def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False) -> ForwardConfig:
+    """The forward tile configuration for a shape: depends on power-of-two buckets of Lq, Nq and d,
+    the dtype and the layout only, so new batch sizes and document lengths never compile again.
 
-    Depends on power-of-two buckets of Lq, Nq and d, the dtype, the layout, and ``small`` (the
-    whole problem is under ~20 GFLOP, where latency, not throughput, decides).
-    Measured on an H200 (BENCHMARKS.md, benchmarks/tune_forward.py):
-    - many query rows per document (>= 256): BM=256, 8 warps, per-tile row max (71 % of the
-      compute floor at 32 x 100K, against 56 % for BM=128 with the running [BM, BN] max);
+    From sweeps on an H200 (kernel time by CUDA-graph replay; BENCHMARKS.md,
+    benchmarks/tune_forward.py, benchmarks/profile_small.py):
+    - many query rows per document tile (>= 256): BM=256, 8 warps, per-tile row max (71 % of the
+      compute floor at 32 x 100K against 56 % with BM=128 and the running [BM, BN] max); long
+      queries (ColPali) prefer BN=128;
     - d > 128: BK=64 chunks with BM=128, BN=128 (shared memory caps wider tiles);
-    - one short query (rows < 128): bandwidth-bound, BM=32-64, BN=128, running max;
-    - small problems: BM=64 so that there are enough programs.
+    - 128 rows: BM=128, BN=64, running max;
+    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
+    - about 2 programs per multiprocessor, each walking a run of documents, beat more, shorter ones.
     """
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
+    bk = max(16, next_pow2(d))
     if dtype == torch.float32:
         # IEEE fp32 dots run on the FMA units: modest tiles, a running max.
-        BM = min(128, max(16, rows))
-        cfg = ForwardConfig(BM=BM, BN=32, BK=min(64, max(16, next_pow2(d))), num_warps=4, num_stages=2)
+        cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=32, BK=min(64, bk), num_warps=4, num_stages=2)
     elif d > 128:
         cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=128, BK=64, num_warps=4, num_stages=3, row_max=True)
-    elif small and rows >= 64:
-        cfg = ForwardConfig(BM=64, BN=64, BK=max(16, next_pow2(d)), num_warps=8, num_stages=2, waves=4, row_max=True)
     elif rows >= 256:
-        cfg = ForwardConfig(BM=256, BN=64, BK=max(16, next_pow2(d)), num_warps=8, num_stages=3, row_max=True)
+        cfg = ForwardConfig(BM=256, BN=128 if seg >= 512 else 64, BK=bk, num_warps=8, num_stages=3, row_max=True)
     elif rows >= 128:
-        cfg = ForwardConfig(BM=128, BN=64, BK=max(16, next_pow2(d)), num_warps=4, num_stages=3)
+        cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
     else:
-        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=max(16, next_pow2(d)), num_warps=8, num_stages=3)
+        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
     if interpret:
         # The interpreter runs one program at a time: few, small programs, no pipelining.
         return ForwardConfig(BM=min(cfg.BM, 64), BN=min(cfg.BN, 64), BK=cfg.BK, num_warps=4, num_stages=1,
                              waves=1, row_max=cfg.row_max)
     return cfg
-
-
-# Below this many multiply-adds x 2 a problem is "small" (forward_config).
-SMALL_PROBLEM_FLOPS = 2e10

@@ -86,3 +86,33 @@ def test_deterministic():
     a = maxsim.maxsim(Q, D, qm, dm, return_argmax=True)
     b = maxsim.maxsim(Q, D, qm, dm, return_argmax=True)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_cached_launch_respects_alignment_and_strides():
+    # The thin launch path reuses compiled kernels: a view with another alignment or stride must
+    # not run a kernel specialised for the first one.
+    base = torch.randn(40, 301, 129, device="cuda", dtype=F16)
+    Q = torch.randn(4, 32, 128, device="cuda", dtype=F16)
+    views = [base[:, :300, :128], base[:, 1:, 1:], base[1:, :-1, :-1], base[:, :300, :128].contiguous()]
+    for _ in range(2):  # the second round runs from the launch cache
+        for D in views:
+            out = maxsim.maxsim(Q, D)
+            assert rel_err(out, maxsim_reference(Q, D)) < 1e-5
+        Qm = torch.randn(4 * 32 * 128 + 3, device="cuda", dtype=F16)[3:].view(4, 32, 128)  # odd address
+        assert rel_err(maxsim.maxsim(Qm, views[0]), maxsim_reference(Qm, views[0])) < 1e-5
+
+
+def test_cuda_graph_capture_and_replay():
+    Q, D, qm, dm = make(64, 64, 32, 180, 128, BF16, True)
+    maxsim.maxsim(Q, D, qm, dm)  # compile outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        out = maxsim.maxsim(Q, D, qm, dm)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        Q.copy_(torch.randn_like(Q))  # new inputs in the captured buffers
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, maxsim_reference(Q, D, qm, dm)) < 1e-5

@@ -14,12 +14,15 @@ keeps loads in flight across document boundaries; the per-document epilogue is a
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from maxsim._dispatch import interpreting
-from maxsim._tuning import SMALL_PROBLEM_FLOPS, ForwardConfig, forward_config, multiprocessor_count, next_pow2
+from maxsim._launch import launch
+from maxsim._tuning import ForwardConfig, forward_config, multiprocessors, next_pow2
 
 # Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
 # write cannot pass for a result.
@@ -259,19 +262,9 @@ def maxsim_forward(
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if D.stride(-1) == 1 else D.contiguous()
     interpret = interpreting()
-    small = 2.0 * Nq * Nd * Lq * Ld * d < SMALL_PROBLEM_FLOPS
-    cfg = config or forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, small)
-    BM = cfg.BM
-    # SEG rows per query: short queries stack BM // SEG to a block (cross product only, since
-    # candidate lists are not shared); long ones split into chunks of BM rows.
-    seg = BM if candidates else min(next_pow2(Lq), BM)
-    n_chunks = triton.cdiv(Lq, seg)
-    n_mblocks = triton.cdiv(Nq, BM // seg) * n_chunks
-
-    # Enough programs for `waves` per multiprocessor; each walks a run of documents.
-    slots = 1 if interpret else multiprocessor_count(Q.device) * cfg.waves
-    docs_per_program = max(1, triton.cdiv(Nd, max(1, slots // n_mblocks)))
-    n_docgroups = triton.cdiv(Nd, docs_per_program)
+    device_index = -1 if interpret else (Q.device.index if Q.device.index is not None else torch.cuda.current_device())
+    cfg = config or forward_config(Nq, Lq, d, Q.dtype, candidates, interpret)
+    seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
 
     out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
     if POISON_OUTPUTS:
@@ -285,24 +278,44 @@ def maxsim_forward(
         stride_dmn = dm.stride(1)
     else:
         dm, stride_dmq, stride_dmn = Q, 0, 0
-    BK = cfg.BK
-    num_k = triton.cdiv(d, BK)
-    dot_precision = "ieee" if Q.dtype == torch.float32 else "tf32"
-    grid = (n_mblocks * n_docgroups,)
-    _maxsim_fwd_kernel[grid](
+    args = (
         Q, D, qm, dm, out, argmax if argmax is not None else out,
         Nq, Nd, Lq, Ld, d,
         n_chunks, docs_per_program,
         Q.stride(0), Q.stride(1),
         D.stride(0) if D.shape[0] != 1 else 0, D.stride(1), D.stride(2),
         stride_dmq, stride_dmn,
-        BM=BM, BN=cfg.BN, BK=BK, NUM_K=num_k, SEG=seg,
-        HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, MULTIPLY=multiply,
-        NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % BK == 0),
-        DOT_PRECISION=dot_precision, DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
-        ROW_MAX=cfg.row_max,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    constexprs = dict(
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
+        HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, MULTIPLY=multiply,
+        NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % cfg.BK == 0),
+        DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32",
+        DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
+        ROW_MAX=cfg.row_max,
+    )
+    launch(_maxsim_fwd_kernel, (n_programs,), args, _VALUE_SPECIALIZED, constexprs,
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     scores = out[0] if n_chunks == 1 else out.sum(0)
     return scores, argmax
 
+
+
+# Which runtime arguments Triton specialises on their value (see do_not_specialize above).
+_VALUE_SPECIALIZED = (False,) * 6 + (False,) * 4 + (True,) + (False, False) + (True,) * 7
+
+
+@functools.lru_cache(maxsize=4096)
+def _grid_plan(Nq: int, Nd: int, Lq: int, BM: int, waves: int, candidates: bool, device_index: int):
+    """(SEG, query chunks, documents per program, programs) for one launch.
+
+    SEG rows per query: short queries stack BM // SEG to a block (cross product only: candidate
+    lists are not shared); long ones split into chunks of BM rows. Programs are sized so that
+    about ``waves`` run per multiprocessor, each walking a run of documents.
+    """
+    seg = BM if candidates else min(next_pow2(Lq), BM)
+    n_chunks = -(-Lq // seg)
+    n_mblocks = -(-Nq // (BM // seg)) * n_chunks
+    slots = 1 if device_index < 0 else multiprocessors(device_index) * waves
+    docs_per_program = max(1, -(-Nd // max(1, slots // n_mblocks)))
+    return seg, n_chunks, docs_per_program, n_mblocks * -(-Nd // docs_per_program)

@@ -1,0 +1,58 @@
+"""A thin launch path for Triton kernels.
+
+Triton's ``kernel[grid](...)`` binds and specialises every argument, builds a cache key and
+checks globals on each call: tens of microseconds of Python, more than a small MaxSim takes on the
+GPU. Here the compiled kernel is looked up by a key at least as fine as Triton's own
+specialisation (constexprs, launch options, each tensor's dtype and address mod 16, each
+specialised integer's value mod 16 and range), so a hit can launch it directly. A miss, the
+interpreter, or any sign that Triton's internals changed falls back to the ordinary path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from maxsim._dispatch import interpreting
+
+_COMPILED: dict = {}
+_FAST_PATH = {"enabled": True}
+_I32 = 2**31
+
+
+def _arg_class(arg, value_specialized: bool):
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16
+    if value_specialized:
+        return arg % 16, arg == 1, -_I32 <= arg < _I32
+    return -_I32 <= arg < _I32
+
+
+def launch(kernel, grid: tuple, args: tuple, value_specialized: tuple, constexprs: dict, *, num_warps: int,
+           num_stages: int) -> None:
+    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, minus the overhead.
+
+    ``args`` are the runtime arguments in signature order, followed in the signature by
+    ``constexprs`` (in order); ``value_specialized[i]`` says whether Triton specialises integer
+    ``args[i]`` on its value (False for names in ``do_not_specialize``).
+    """
+    if interpreting() or not _FAST_PATH["enabled"]:
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        return
+    key = (
+        id(kernel), torch.cuda.current_device(), tuple(constexprs.values()), num_warps, num_stages,
+        tuple(_arg_class(a, s) for a, s in zip(args, value_specialized)),
+    )
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        names = list(getattr(kernel, "arg_names", []))
+        if names != names[: len(args)] + list(constexprs) or not hasattr(compiled, "__getitem__"):
+            _FAST_PATH["enabled"] = False  # an unexpected Triton: keep the ordinary path
+            return
+        _COMPILED[key] = compiled
+        return
+    try:
+        compiled[grid](*args, *constexprs.values())
+    except (TypeError, AttributeError):  # Triton's launcher API differs: fall back for good
+        _FAST_PATH["enabled"] = False
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
