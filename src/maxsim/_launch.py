@@ -52,7 +52,8 @@ def launch(kernel, grid: tuple, args: tuple, value_specialized: tuple, constexpr
         _COMPILED[key] = compiled
         return
     try:
-        compiled[grid](*args, *constexprs.values())
-    except (TypeError, AttributeError):  # Triton's launcher API differs: fall back for good
+        # A compiled kernel's launcher takes a 3-D grid and every argument, constexprs included.
+        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs.values())
+    except (TypeError, AttributeError, IndexError):  # Triton's launcher API differs: fall back for good
         _FAST_PATH["enabled"] = False
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)

@@ -55,7 +55,8 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     - d > 128: BK=64 chunks with BM=128, BN=128 (shared memory caps wider tiles);
     - 128 rows: BM=128, BN=64, running max;
     - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
-    - about 2 programs per multiprocessor, each walking a run of documents, beat more, shorter ones.
+    - about 2 programs per multiprocessor, each walking a run of documents, beat more, shorter ones,
+      except for short stacked queries and wide d (8).
     """
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
@@ -64,9 +65,12 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
         # IEEE fp32 dots run on the FMA units: modest tiles, a running max.
         cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=32, BK=min(64, bk), num_warps=4, num_stages=2)
     elif d > 128:
-        cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=128, BK=64, num_warps=4, num_stages=3, row_max=True)
+        cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=128, BK=64, num_warps=4, num_stages=3, waves=8,
+                            row_max=True)
+    elif rows >= 256 and seg >= 512:
+        cfg = ForwardConfig(BM=256, BN=128, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True)
     elif rows >= 256:
-        cfg = ForwardConfig(BM=256, BN=128 if seg >= 512 else 64, BK=bk, num_warps=8, num_stages=3, row_max=True)
+        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
     elif rows >= 128:
         cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
     else:
