@@ -51,7 +51,8 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     benchmarks/tune_forward.py, benchmarks/profile_small.py):
     - many query rows per document tile (>= 256): BM=256, 8 warps, per-tile row max (71 % of the
       compute floor at 32 x 100K against 56 % with BM=128 and the running [BM, BN] max); long
-      queries (ColPali) prefer BN=128;
+      queries (>= 128 tokens: in-batch training, ColPali) prefer BN=128 (957 against 1070 us at
+      128 x 128 x 128 x 1024);
     - d > 128: BK=64 chunks with BM=128, BN=128 (shared memory caps wider tiles);
     - 128 rows: BM=128, BN=64, running max;
     - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
@@ -67,7 +68,7 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     elif d > 128:
         cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=128, BK=64, num_warps=4, num_stages=3, waves=8,
                             row_max=True)
-    elif rows >= 256 and seg >= 512:
+    elif rows >= 256 and seg >= 128:
         cfg = ForwardConfig(BM=256, BN=128, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True)
     elif rows >= 256:
         cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
