@@ -1,12 +1,108 @@
-"""The dense (padded) MaxSim entry point: validation, backend dispatch, output layout."""
+"""The dense (padded) MaxSim entry point: validation, backend dispatch, custom ops, autograd.
+
+Two torch.library custom ops wrap the launchers so that autograd, ``torch.compile`` (no graph
+break: the ops have fake implementations) and ``torch.library.opcheck`` see one opaque operator:
+
+    maxsim::dense_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
+        -> (scores, argmax)          (strategy: the backward's grad_D reduction, used by autograd)
+    maxsim::dense_backward(grad, Q, D, argmax, normalize, strategy) -> (grad_Q, grad_D)
+
+Inference calls outside ``torch.compile`` skip the dispatcher and call the launcher directly: it is
+the same kernel, minus ~10 us of host time that matters for small, latency-bound calls.
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
 from maxsim import _checks, reference
 from maxsim._dispatch import backend_for
+from maxsim.dense.backward import maxsim_backward
 from maxsim.dense.forward import maxsim_forward
+
+BACKWARD_STRATEGIES = ("auto", "unified", "lowmem")
+
+
+@torch.library.custom_op("maxsim::dense_forward", mutates_args=())
+def dense_forward(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: Optional[torch.Tensor],
+    d_mask: Optional[torch.Tensor],
+    normalize: bool,
+    multiply: bool,
+    save_argmax: bool,
+    strategy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q [Nq, Lq, d], D [Nq|1, Nd, Ld, d] -> scores [Nq, Nd] fp32, argmax [Nq, Nd, Lq] int32
+    (an empty [0] tensor unless ``save_argmax``)."""
+    scores, argmax = maxsim_forward(
+        Q, D, q_mask, d_mask, normalize=normalize, multiply=multiply, save_argmax=save_argmax
+    )
+    if argmax is None:
+        argmax = torch.empty(0, dtype=torch.int32, device=Q.device)
+    return scores, argmax
+
+
+@dense_forward.register_fake
+def _(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
+    Nq, Lq, _ = Q.shape
+    Nd = D.shape[1]
+    scores = Q.new_empty((Nq, Nd), dtype=torch.float32)
+    argmax = Q.new_empty((Nq, Nd, Lq) if save_argmax else (0,), dtype=torch.int32)
+    return scores, argmax
+
+
+@torch.library.custom_op("maxsim::dense_backward", mutates_args=())
+def dense_backward(
+    grad: torch.Tensor,
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    argmax: torch.Tensor,
+    normalize: bool,
+    strategy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """grad [Nq, Nd], argmax [Nq, Nd, Lq] -> grad_Q like Q, grad_D like D (same dtypes)."""
+    return maxsim_backward(grad, Q, D, argmax, normalize=normalize, strategy=strategy)
+
+
+@dense_backward.register_fake
+def _(grad, Q, D, argmax, normalize, strategy):
+    return torch.empty_like(Q, memory_format=torch.contiguous_format), torch.empty(D.shape, dtype=D.dtype, device=D.device)
+
+
+def _setup_context(ctx, inputs, output):
+    Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy = inputs
+    _, argmax = output
+    ctx.normalize = normalize
+    ctx.strategy = strategy
+    ctx.has_argmax = save_argmax
+    if save_argmax and multiply and d_mask is not None:
+        # PyLate's rule: a masked winner (similarity forced to 0) passes no gradient.
+        winner_real = torch.gather(d_mask.expand(Q.shape[0], -1, -1), 2, argmax.clamp_min(0).long())
+        argmax = torch.where(winner_real, argmax, -1)
+    ctx.save_for_backward(Q, D, argmax)
+
+
+def _backward(ctx, grad_scores, _grad_argmax):
+    if not ctx.has_argmax:
+        raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
+    Q, D, argmax = ctx.saved_tensors
+    grad_Q, grad_D = dense_backward(grad_scores, Q, D, argmax, ctx.normalize, ctx.strategy)
+    return grad_Q, grad_D, None, None, None, None, None, None
+
+
+dense_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def choose_strategy(backward: str, candidates: bool) -> str:
+    """``auto`` -> ``lowmem`` for candidate lists (each document belongs to one query: no
+    contention, and the gradient buffers are the memory that matters), ``unified`` otherwise."""
+    if backward != "auto":
+        return backward
+    return "lowmem" if candidates else "unified"
 
 
 def maxsim(
@@ -18,6 +114,7 @@ def maxsim(
     normalize: bool = False,
     mask_mode: str = "exclude",
     return_argmax: bool = False,
+    backward: str = "auto",
 ):
     """Late-interaction (MaxSim) scores, fused: the similarity tensor is never written to memory.
 
@@ -39,34 +136,42 @@ def maxsim(
         return_argmax: also return, per query token, the index of the winning document token
             (int32, shape ``scores.shape + (Lq,)``; -1 where the token is masked or the document
             has no real token). Ties go to the lowest index.
+        backward: how grad_D is reduced when Q or D requires grad: ``"unified"`` (fp32 atomics
+            into an fp32 buffer the size of D: fastest, last bits vary run to run), ``"lowmem"``
+            (each document token sums its own contributions: no atomics, no fp32 buffer,
+            bitwise deterministic) or ``"auto"`` (lowmem for candidate lists, unified otherwise).
 
     Returns:
         fp32 scores (and the argmax when asked). Accumulation is fp32; fp32 inputs get
         fp32-accurate products. NaN in a participating token makes the score NaN.
+        Differentiable in Q and D: the subgradient at the argmax (ties: the lowest index).
 
     Equivalent PyTorch (exclude mode, no masks)::
 
         torch.einsum("asd,btd->abst", Q.float(), D.float()).max(-1).values.sum(-1)
 
-    CUDA tensors run the Triton kernel; CPU tensors run :mod:`maxsim.reference` (see
+    CUDA tensors run the Triton kernels; CPU tensors run :mod:`maxsim.reference` (see
     ``MAXSIM_BACKEND`` in the README to force either).
     """
     p = _checks.check_inputs(Q, D, q_mask, d_mask, mask_mode=mask_mode)
     _checks.check_bool("normalize", normalize)
     _checks.check_bool("return_argmax", return_argmax)
+    _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
     if backend_for(p.Q.device) == "reference":
         return reference.maxsim_reference(
             Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax
         )
-    if torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad):
-        raise NotImplementedError(
-            "maxsim: the Triton backend has no backward yet; call it under torch.no_grad() or pass "
-            "detached tensors (MAXSIM_BACKEND=reference differentiates through plain PyTorch)"
+    multiply = mask_mode == "multiply"
+    needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
+    if needs_grad or torch.compiler.is_compiling():
+        scores, argmax = dense_forward(
+            p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
+            choose_strategy(backward, p.candidates),
         )
-    scores, argmax = maxsim_forward(
-        p.Q, p.D, p.q_mask, p.d_mask,
-        normalize=normalize, multiply=mask_mode == "multiply", save_argmax=return_argmax,
-    )
+    else:
+        scores, argmax = maxsim_forward(
+            p.Q, p.D, p.q_mask, p.d_mask, normalize=normalize, multiply=multiply, save_argmax=return_argmax
+        )
     if return_argmax:
         return p.unbatch(scores), p.unbatch(argmax)
     return p.unbatch(scores)

@@ -1,0 +1,221 @@
+"""Fused MaxSim backward over padded tensors: kernels and launchers.
+
+The forward saves, per (query, document, query token), the winning document token ``t*`` (int32,
+-1 when the token contributes nothing). The score is linear in Q and D at that winner, so
+
+    grad_Q[i, s]    = sum_j  g[i, j] * D[j, t*(i, j, s)]
+    grad_D[j, t]    = sum_{(i, s) : t*(i, j, s) = t}  g[i, j] * Q[i, s]
+
+With ``normalize`` the same sums run over unit vectors (giving G, the gradient with respect to the
+unit vector), then the normalisation's Jacobian: ``grad_x = (G - (G . x_hat) x_hat) / |x|``.
+
+Two strategies for grad_D:
+- ``unified``: one kernel walks every (i, s) row once, gathers ``D[j, t*]`` for grad_Q and adds
+  ``g * Q[i, s]`` into an fp32 grad_D buffer with atomics. Fastest; the order of the atomic adds,
+  and so the last bits of grad_D, vary run to run.
+- ``lowmem``: grad_Q from the same gather kernel without the scatter; grad_D destination-owned:
+  the argmax is inverted (a stable sort of destinations, a chunk of documents at a time, so its
+  scratch stays small) and one program per document token sums its own contributions in a fixed
+  order and writes them once in the input dtype. No atomics, no fp32 buffer of D's size, bitwise
+  deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from maxsim._tuning import next_pow2
+
+# Scratch budget of the lowmem inverse map (int64 order + int32 keys per entry), per chunk.
+LOWMEM_CHUNK_BYTES = 64 * 2**20
+
+
+@triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld"])
+def _maxsim_bwd_gather_kernel(
+    q_ptr, d_ptr, g_ptr, arg_ptr, qinv_ptr, dinv_ptr, gq_ptr, gd_ptr,
+    Nq, Nd, Lq, Ld, dim,
+    stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
+    BS: tl.constexpr, BD: tl.constexpr,
+    CANDIDATES: tl.constexpr, NORMALIZE: tl.constexpr, SCATTER_D: tl.constexpr,
+):
+    """One program per (query i, block of BS query tokens): walks every document j.
+
+    Q [Nq, Lq, d] contiguous; g [Nq, Nd] fp32; argmax [Nq, Nd, Lq] int32; qinv [Nq, Lq] and
+    dinv [Nq|1, Nd, Ld] fp32 inverse norms (NORMALIZE); grad_Q [Nq, Lq, d] in Q's dtype;
+    with SCATTER_D, grad_D [Nq|1, Nd, Ld, d] fp32 receives atomic adds (of G for unit vectors
+    when NORMALIZE: the Jacobian is applied afterwards).
+    """
+    i_pid = tl.program_id(0)
+    n_sblocks = tl.cdiv(Lq, BS)
+    i_q = (i_pid // n_sblocks).to(tl.int64)
+    o_s = (i_pid % n_sblocks) * BS + tl.arange(0, BS)  # [BS]
+    o_d = tl.arange(0, BD)
+    m_s = o_s < Lq
+    m_d = o_d < dim
+    m_sd = m_s[:, None] & m_d[None, :]
+    b_q = tl.load(q_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], mask=m_sd, other=0.0).to(tl.float32)
+    if NORMALIZE:
+        b_qinv = tl.load(qinv_ptr + i_q * Lq + o_s, mask=m_s, other=0.0)  # [BS]
+        b_q = b_q * b_qinv[:, None]  # unit vectors
+    b_acc = tl.zeros([BS, BD], dtype=tl.float32)
+    i_dq = i_q if CANDIDATES else 0  # which document set: this query's own, or the shared one
+    for j in range(0, Nd):
+        g = tl.load(g_ptr + i_q * Nd + j)
+        b_t = tl.load(arg_ptr + (i_q * Nd + j) * Lq + o_s, mask=m_s, other=-1)  # [BS] winners
+        m_win = b_t >= 0
+        b_t = tl.maximum(b_t, 0)
+        p_rows = d_ptr + i_dq * stride_dq + j * stride_dn + b_t.to(tl.int64)[:, None] * stride_dl + o_d[None, :]
+        m_wd = m_win[:, None] & m_d[None, :]
+        b_dw = tl.load(p_rows, mask=m_wd, other=0.0).to(tl.float32)  # [BS, BD] gathered winners
+        o_row = (i_dq * Nd + j) * Ld + b_t.to(tl.int64)  # [BS] winner's row in grad_D
+        if NORMALIZE:
+            b_dw = b_dw * tl.load(dinv_ptr + o_row, mask=m_win, other=0.0)[:, None]
+        b_acc += g * b_dw
+        if SCATTER_D:
+            tl.atomic_add(gd_ptr + o_row[:, None] * dim + o_d[None, :], g * b_q, mask=m_wd, sem="relaxed")
+    if NORMALIZE:
+        # G . q_hat, then the Jacobian of q / |q|.
+        b_acc = b_qinv[:, None] * (b_acc - tl.sum(b_acc * b_q, axis=1)[:, None] * b_q)
+    tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
+
+
+@triton.jit(do_not_specialize=["Nd", "Lq", "Ld", "row0", "n_docs"])
+def _maxsim_bwd_owned_kernel(
+    q_ptr, d_ptr, g_ptr, order_ptr, rowptr_ptr, dinv_ptr, qinv_ptr, gd_ptr,
+    Nd, Lq, Ld, dim, row0, n_docs,
+    stride_dq, stride_dn, stride_dl,
+    BD: tl.constexpr, CANDIDATES: tl.constexpr, NORMALIZE: tl.constexpr,
+):
+    """One program per document token of a chunk of ``n_docs`` documents starting at ``row0``
+    (documents counted over [Nq|1, Nd] flattened): sums its contributions in sorted order.
+
+    order: entry ids sorted by destination (entry = (i * n_docs + doc) * Lq + s for the cross
+    product, doc * Lq + s for candidate lists); rowptr [n_docs * Ld + 1]: CSR offsets.
+    grad_D [Nq|1, Nd, Ld, d] in D's dtype, written once per row.
+    """
+    r = tl.program_id(0)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < dim
+    doc = row0 + r // Ld  # flattened document index
+    t = r % Ld
+    if CANDIDATES:
+        p_row = d_ptr + (doc // Nd) * stride_dq + (doc % Nd) * stride_dn + t * stride_dl
+    else:
+        p_row = d_ptr + doc * stride_dn + t * stride_dl
+    e0 = tl.load(rowptr_ptr + r)
+    e1 = tl.load(rowptr_ptr + r + 1)
+    b_acc = tl.zeros([BD], dtype=tl.float32)
+    for e in range(e0, e1):
+        ent = tl.load(order_ptr + e)  # int64
+        s = ent % Lq
+        if CANDIDATES:
+            gidx = row0 + ent // Lq  # g is [Nq, K] flattened: one entry per document
+            i_q = gidx // Nd
+        else:
+            i_q = ent // (n_docs * Lq)
+            gidx = i_q * Nd + doc
+        w = tl.load(g_ptr + gidx)
+        b_q = tl.load(q_ptr + (i_q * Lq + s) * dim + o_d, mask=m_d, other=0.0).to(tl.float32)
+        if NORMALIZE:
+            b_q = b_q * tl.load(qinv_ptr + i_q * Lq + s)
+        b_acc += w * b_q
+    if NORMALIZE:
+        # G . d_hat, then the Jacobian of d / |d|.
+        dinv = tl.load(dinv_ptr + doc.to(tl.int64) * Ld + t)
+        b_dh = tl.load(p_row + o_d, mask=m_d, other=0.0).to(tl.float32) * dinv  # [BD] unit vector
+        b_acc = dinv * (b_acc - tl.sum(b_acc * b_dh, axis=0) * b_dh)
+    tl.store(gd_ptr + (doc.to(tl.int64) * Ld + t) * dim + o_d, b_acc.to(gd_ptr.dtype.element_ty), mask=m_d)
+
+
+def _inverse_norms(x: torch.Tensor) -> torch.Tensor:
+    """1 / max(|x|, 1e-12) over the last dim, in fp32, without an fp32 copy of x."""
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).clamp_min(1e-12).reciprocal().contiguous()
+
+
+def maxsim_backward(
+    grad: torch.Tensor,
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    argmax: torch.Tensor,
+    *,
+    normalize: bool,
+    strategy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``sum(grad * scores)`` with respect to Q and D.
+
+    Args:
+        grad: ``[Nq, Nd]`` upstream gradient.  Q: ``[Nq, Lq, d]``.  D: ``[Nq|1, Nd, Ld, d]``.
+        argmax: ``[Nq, Nd, Lq]`` int32 from the forward, -1 where nothing flows (masked query
+            token, empty document, or, in multiply mode, a masked winner).
+        strategy: ``"unified"`` or ``"lowmem"`` (see the module docstring).
+
+    Returns:
+        grad_Q ``[Nq, Lq, d]`` in Q's dtype and grad_D in D's dtype and shape.
+    """
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[1], D.shape[2]
+    candidates = D.shape[0] != 1
+    grad_Q = torch.zeros_like(Q, memory_format=torch.contiguous_format)
+    if Nq == 0 or Nd == 0 or Lq == 0 or Ld == 0:
+        return grad_Q, torch.zeros(D.shape, dtype=D.dtype, device=D.device)
+    Q = Q.contiguous()
+    D = D if D.stride(-1) == 1 else D.contiguous()
+    g = grad.to(torch.float32).contiguous()
+    argmax = argmax.contiguous()
+    qinv = _inverse_norms(Q) if normalize else g  # any tensor when unused
+    dinv = _inverse_norms(D) if normalize else g
+    BD = max(16, next_pow2(d))
+    BS = max(1, min(16, next_pow2(Lq), 8192 // BD))
+    stride_dq = D.stride(0) if candidates else 0
+    unified = strategy == "unified"
+    gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
+    _maxsim_bwd_gather_kernel[(Nq * triton.cdiv(Lq, BS),)](
+        Q, D, g, argmax, qinv, dinv, grad_Q, gd32,
+        Nq, Nd, Lq, Ld, d,
+        stride_dq, D.stride(1), D.stride(2),
+        BS=BS, BD=BD, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified,
+        num_warps=4 if BS * BD <= 4096 else 8,
+    )
+    if unified:
+        if normalize:
+            Dh = D.to(torch.float32) * dinv[..., None]
+            gd32 = dinv[..., None] * (gd32 - (gd32 * Dh).sum(-1, keepdim=True) * Dh)
+        return grad_Q, gd32.to(D.dtype)
+    return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, candidates, BD)
+
+
+def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, candidates, BD):
+    """lowmem grad_D: invert the argmax a chunk of documents at a time, one program per token."""
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[1], D.shape[2]
+    grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
+    n_total = Nq * Nd if candidates else Nd  # documents, flattened
+    # [n_total, entries per document, ...]: candidate lists own their documents.
+    arg_by_doc = argmax.reshape(Nq * Nd, Lq) if candidates else argmax  # [Nq*K, Lq] or [Nq, Nd, Lq]
+    entries_per_doc = Lq if candidates else Nq * Lq
+    chunk = max(1, min(n_total, LOWMEM_CHUNK_BYTES // (12 * entries_per_doc)))
+    for row0 in range(0, n_total, chunk):
+        n_docs = min(chunk, n_total - row0)
+        if candidates:
+            a = arg_by_doc[row0:row0 + n_docs]  # [n_docs, Lq]
+            local = torch.arange(n_docs, device=D.device, dtype=torch.int32)[:, None]
+        else:
+            a = arg_by_doc[:, row0:row0 + n_docs]  # [Nq, n_docs, Lq]
+            local = torch.arange(n_docs, device=D.device, dtype=torch.int32)[None, :, None]
+        sentinel = n_docs * Ld
+        dest = torch.where(a >= 0, local * Ld + a, sentinel).flatten()  # int32 destination rows
+        order = torch.argsort(dest, stable=True)  # entries grouped by row, ascending within a row
+        counts = torch.bincount(dest, minlength=sentinel + 1)[:sentinel]
+        rowptr = torch.zeros(sentinel + 1, dtype=torch.int64, device=D.device)
+        torch.cumsum(counts, 0, out=rowptr[1:])
+        _maxsim_bwd_owned_kernel[(n_docs * Ld,)](
+            Q, D, g, order, rowptr, dinv, qinv, grad_D,
+            Nd, Lq, Ld, d, row0, n_docs,
+            D.stride(0) if candidates else 0, D.stride(1), D.stride(2),
+            BD=BD, CANDIDATES=candidates, NORMALIZE=normalize,
+            num_warps=1 if BD <= 128 else 4,
+        )
+    return grad_D
+

@@ -1,0 +1,143 @@
+"""Gradients of the fused kernels against autograd through the reference (interpreter on CPU,
+compiled on GPU), for every strategy, layout, mask mode, normalize and dtype."""
+
+import pytest
+import torch
+
+import maxsim
+from conftest import KERNEL_DEVICE
+from maxsim.dense import ops
+from maxsim.reference import maxsim_reference
+from oracle import rel_err
+
+STRATEGIES = ["unified", "lowmem", "auto"]
+
+
+@pytest.fixture(autouse=True)
+def _kernels(monkeypatch):
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+
+
+def small_ints(*shape, dtype=torch.float32):
+    """Integer values: exact products and sums, exact ties (both sides pick the lowest index)."""
+    return torch.randint(-3, 4, shape, device=KERNEL_DEVICE).to(dtype)
+
+
+def grads(fn, Q, D, q_mask=None, d_mask=None, seed=0, **kw):
+    Q = Q.detach().clone().requires_grad_()
+    D = D.detach().clone().requires_grad_()
+    out = fn(Q, D, q_mask, d_mask, **kw)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
+    (out * g).sum().backward()
+    return out.detach(), Q.grad, D.grad
+
+
+def compare(Q, D, q_mask=None, d_mask=None, tol=1e-5, **kw):
+    backward = kw.pop("backward", "auto")
+    out, gq, gd = grads(maxsim.maxsim, Q, D, q_mask, d_mask, backward=backward, **kw)
+    ref, rq, rd = grads(maxsim_reference, Q.cpu(), D.cpu(), _cpu(q_mask), _cpu(d_mask), **kw)
+    assert gq.dtype == Q.dtype and gd.dtype == D.dtype and gq.shape == Q.shape and gd.shape == D.shape
+    errs = rel_err(out, ref), rel_err(gq, rq), rel_err(gd, rd)
+    print(f"rel err scores {errs[0]:.1e} grad_Q {errs[1]:.1e} grad_D {errs[2]:.1e}")
+    assert max(errs) <= tol
+    return gq, gd
+
+
+def _cpu(t):
+    return t.cpu() if t is not None else None
+
+
+@pytest.mark.parametrize("backward", STRATEGIES)
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+@pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
+def test_gradients_exact_inputs(backward, layout, mask_mode):
+    Q = small_ints(3, 9, 16)
+    D = small_ints(4, 70, 16) if layout == "cross" else small_ints(3, 4, 70, 16)
+    q_mask = torch.rand(3, 9, device=KERNEL_DEVICE) > 0.3
+    d_mask = torch.rand(D.shape[:-1], device=KERNEL_DEVICE) > 0.4
+    d_mask[..., 1, :] = False  # an empty document
+    gq, gd = compare(Q, D, q_mask, d_mask, backward=backward, mask_mode=mask_mode)
+    # Masked tokens get zero gradient.
+    assert torch.all(gq[~q_mask] == 0)
+    assert torch.all(gd[~d_mask] == 0)
+
+
+@pytest.mark.parametrize("backward", ["unified", "lowmem"])
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+def test_gradients_normalize(backward, layout):
+    Q = torch.randn(3, 7, 24, device=KERNEL_DEVICE)
+    D = torch.randn(5, 33, 24, device=KERNEL_DEVICE) if layout == "cross" else torch.randn(3, 2, 33, 24, device=KERNEL_DEVICE)
+    q_mask = torch.rand(3, 7, device=KERNEL_DEVICE) > 0.2
+    compare(Q, D, q_mask, None, backward=backward, normalize=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backward", ["unified", "lowmem"])
+def test_gradients_half_precision(dtype, backward):
+    # Gradients are written in the input dtype: one rounding of an fp32 sum.
+    Q, D = small_ints(2, 130, 32, dtype=dtype), small_ints(3, 20, 32, dtype=dtype)  # long query: chunks
+    compare(Q, D, backward=backward, tol=1e-2)
+
+
+def test_ties_send_gradient_to_the_lowest_index():
+    Q, D = small_ints(2, 5, 16), small_ints(3, 12, 16)
+    D[:, 7] = D[:, 2]  # duplicates of token 2, later in each document
+    D[:, 11] = D[:, 2]
+    for backward in ["unified", "lowmem"]:
+        _, _, gd = grads(maxsim.maxsim, Q, D, backward=backward)
+        assert torch.all(gd[:, 7] == 0) and torch.all(gd[:, 11] == 0)
+
+
+def test_lowmem_is_bitwise_deterministic():
+    Q, D = torch.randn(4, 33, 32, device=KERNEL_DEVICE), torch.randn(6, 50, 32, device=KERNEL_DEVICE)
+    a = grads(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
+    b = grads(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_no_argmax_saved_without_grad(monkeypatch):
+    # Inference never goes through the autograd op (which would keep an argmax buffer).
+    def boom(*args, **kwargs):
+        raise AssertionError("the differentiable op ran for an inference call")
+
+    monkeypatch.setattr(ops, "dense_forward", boom)
+    Q = torch.randn(2, 5, 16, device=KERNEL_DEVICE, requires_grad=True)
+    D = torch.randn(3, 7, 16, device=KERNEL_DEVICE)
+    with torch.no_grad():
+        assert maxsim.maxsim(Q, D).shape == (2, 3)
+    assert maxsim.maxsim(Q.detach(), D).shape == (2, 3)
+
+
+def test_bad_backward_name():
+    with pytest.raises(ValueError, match="backward must be one of 'auto', 'unified', 'lowmem'; got 'fast'"):
+        maxsim.maxsim(torch.randn(2, 5, 16), torch.randn(3, 7, 16), backward="fast")
+
+
+def test_opcheck_forward_and_backward_ops():
+    Q = torch.randn(2, 5, 16, device=KERNEL_DEVICE, requires_grad=True)
+    D = torch.randn(1, 3, 7, 16, device=KERNEL_DEVICE, requires_grad=True)
+    q_mask = torch.rand(2, 5, device=KERNEL_DEVICE) > 0.3
+    for strategy in ["unified", "lowmem"]:
+        torch.library.opcheck(ops.dense_forward, (Q, D, q_mask, None, False, False, True, strategy))
+    _, argmax = ops.dense_forward(Q.detach(), D.detach(), None, None, False, False, True, "unified")
+    grad = torch.randn(2, 3, device=KERNEL_DEVICE)
+    torch.library.opcheck(ops.dense_backward, (grad, Q.detach(), D.detach(), argmax, False, "lowmem"))
+
+
+def test_torch_compile_fullgraph_loss():
+    Q = torch.randn(4, 6, 16, device=KERNEL_DEVICE, requires_grad=True)
+    D = torch.randn(4, 9, 16, device=KERNEL_DEVICE, requires_grad=True)
+    labels = torch.arange(4, device=KERNEL_DEVICE)
+
+    def loss_fn(Q, D):
+        return torch.nn.functional.cross_entropy(maxsim.maxsim(Q, D, normalize=True), labels)
+
+    compiled = torch.compile(loss_fn, fullgraph=True)
+    loss = compiled(Q, D)
+    loss.backward()
+    gq, gd = Q.grad.clone(), D.grad.clone()
+    Q.grad = D.grad = None
+    eager = loss_fn(Q, D)
+    eager.backward()
+    assert torch.allclose(loss, eager)
+    assert torch.allclose(gq, Q.grad, atol=1e-6) and torch.allclose(gd, D.grad, atol=1e-6)
