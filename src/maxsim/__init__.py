@@ -5,6 +5,18 @@
 
 from maxsim import reference
 from maxsim.dense.ops import maxsim
+from maxsim.varlen.ops import maxsim_varlen, score_pairs_packed
+from maxsim.varlen.packing import pack, packed_to_padded, pad, padded_to_packed
 
 __version__ = "0.1.0"
-__all__ = ["maxsim", "reference", "__version__"]
+__all__ = [
+    "maxsim",
+    "maxsim_varlen",
+    "score_pairs_packed",
+    "pack",
+    "pad",
+    "packed_to_padded",
+    "padded_to_packed",
+    "reference",
+    "__version__",
+]

@@ -61,7 +61,9 @@ def _maxsim_bwd_gather_kernel(
         b_q = b_q * b_qinv[:, None]  # unit vectors
     b_acc = tl.zeros([BS, BD], dtype=tl.float32)
     i_dq = i_q if CANDIDATES else 0  # which document set: this query's own, or the shared one
-    for j in range(0, Nd):
+    for jj in range(0, Nd):
+        # Each query starts at another document, so concurrent programs' atomics spread out.
+        j = ((jj + i_q) % Nd).to(tl.int64)
         g = tl.load(g_ptr + i_q * Nd + j)
         b_t = tl.load(arg_ptr + (i_q * Nd + j) * Lq + o_s, mask=m_s, other=-1)  # [BS] winners
         m_win = b_t >= 0
@@ -98,7 +100,7 @@ def _maxsim_bwd_owned_kernel(
     r = tl.program_id(0)
     o_d = tl.arange(0, BD)
     m_d = o_d < dim
-    doc = row0 + r // Ld  # flattened document index
+    doc = (row0 + r // Ld).to(tl.int64)  # flattened document index
     t = r % Ld
     if CANDIDATES:
         p_row = d_ptr + (doc // Nd) * stride_dq + (doc % Nd) * stride_dn + t * stride_dl
@@ -123,10 +125,10 @@ def _maxsim_bwd_owned_kernel(
         b_acc += w * b_q
     if NORMALIZE:
         # G . d_hat, then the Jacobian of d / |d|.
-        dinv = tl.load(dinv_ptr + doc.to(tl.int64) * Ld + t)
+        dinv = tl.load(dinv_ptr + doc * Ld + t)
         b_dh = tl.load(p_row + o_d, mask=m_d, other=0.0).to(tl.float32) * dinv  # [BD] unit vector
         b_acc = dinv * (b_acc - tl.sum(b_acc * b_dh, axis=0) * b_dh)
-    tl.store(gd_ptr + (doc.to(tl.int64) * Ld + t) * dim + o_d, b_acc.to(gd_ptr.dtype.element_ty), mask=m_d)
+    tl.store(gd_ptr + (doc * Ld + t) * dim + o_d, b_acc.to(gd_ptr.dtype.element_ty), mask=m_d)
 
 
 def _inverse_norms(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""MaxSim over packed ragged sequences (cu_seqlens) and pair lists."""

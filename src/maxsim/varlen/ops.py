@@ -1,0 +1,141 @@
+"""Public entry points for packed (ragged) inputs: ``maxsim_varlen`` and ``score_pairs_packed``."""
+
+from __future__ import annotations
+
+import torch
+
+from maxsim import _checks, reference
+from maxsim._dispatch import backend_for
+from maxsim.varlen.forward import varlen_forward
+from maxsim.varlen.packing import pack, packed_to_padded
+
+
+def _check_packed(name: str, x: torch.Tensor) -> None:
+    _checks.check_dtype(name, x)
+    if x.dim() != 2:
+        raise ValueError(f"maxsim: {name} must be packed as [total_tokens, d]; got {_checks._shape(x)}")
+
+
+def _check_cu(name: str, cu, total: int, device: torch.device, check_values: bool) -> torch.Tensor:
+    """Validate cu_seqlens and return it as int64 on ``device``.
+
+    Values (starts at 0, monotone, ends at ``total``) are checked only when ``check_values``: that
+    reads them on the host, a synchronisation the caller avoids by giving the max lengths.
+    """
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"maxsim: {name} must be a torch.Tensor; got {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"maxsim: {name} must be int32 or int64; got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"maxsim: {name} must be 1-D [N + 1]; got {_checks._shape(cu)}")
+    if cu.device != device:
+        raise ValueError(f"maxsim: {name} is on {cu.device} but the packed tensors are on {device}")
+    if check_values:
+        first, last = int(cu[0]), int(cu[-1])
+        if first != 0:
+            raise ValueError(f"maxsim: {name} must start at 0; got {first}")
+        if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
+            k = int(torch.nonzero(cu[1:] < cu[:-1])[0])
+            raise ValueError(f"maxsim: {name} must be non-decreasing; {name}[{k + 1}] = {int(cu[k + 1])} < {int(cu[k])}")
+        if last != total:
+            raise ValueError(f"maxsim: {name} must end at the packed length {total}; got {last}")
+    return cu.to(torch.int64)
+
+
+def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
+    """Ragged lists -> packed; validation; the max query length (a host read only when not given)."""
+    if isinstance(q, (list, tuple)):
+        if cu_seqlens_q is not None:
+            raise ValueError("maxsim: pass either a list of query tensors or packed q with cu_seqlens_q, not both")
+        q, cu_seqlens_q, max_seqlen_q = pack(q)
+    if isinstance(d, (list, tuple)):
+        if cu_seqlens_d is not None:
+            raise ValueError("maxsim: pass either a list of document tensors or packed d with cu_seqlens_d, not both")
+        d, cu_seqlens_d, max_seqlen_d = pack(d)
+    _check_packed("q", q)
+    _check_packed("d", d)
+    if q.dtype != d.dtype:
+        raise TypeError(f"maxsim: q and d must have the same dtype; got q {q.dtype} and d {d.dtype}")
+    if q.device != d.device:
+        raise ValueError(f"maxsim: q and d must be on the same device; got q on {q.device} and d on {d.device}")
+    if q.shape[1] != d.shape[1]:
+        raise ValueError(f"maxsim: q and d must have the same embedding dim d; got {q.shape[1]} and {d.shape[1]}")
+    trusted = max_seqlen_q is not None and max_seqlen_d is not None
+    cu_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, not trusted)
+    cu_d = _check_cu("cu_seqlens_d", cu_seqlens_d, d.shape[0], d.device, not trusted)
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+    if max_seqlen_d is None:
+        max_seqlen_d = int((cu_d[1:] - cu_d[:-1]).max()) if cu_d.numel() > 1 else 0
+    return q.contiguous(), d.contiguous(), cu_q, cu_d, int(max_seqlen_q), int(max_seqlen_d)
+
+
+def _refuse_grad(q, d):
+    if torch.is_grad_enabled() and (q.requires_grad or d.requires_grad):
+        raise NotImplementedError(
+            "maxsim: gradients of the packed (varlen) kernels are not implemented yet; use maxsim.maxsim on "
+            "padded tensors with masks (maxsim.pad) to train, or call under torch.no_grad()"
+        )
+
+
+def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None):
+    """MaxSim of every packed query against every packed document, without padding.
+
+    Args:
+        q: packed queries ``[Tq, dim]`` (or a list of ``[Lq_i, dim]`` tensors).
+        d: packed documents ``[Td, dim]`` (or a list of ``[Ld_j, dim]`` tensors).
+        cu_seqlens_q: int32/int64 ``[Nq + 1]``: query i is rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``.
+        cu_seqlens_d: int32/int64 ``[Nd + 1]``, likewise.
+        max_seqlen_q, max_seqlen_d: the longest query / document. Give both to avoid any host
+            synchronisation; the cu_seqlens values are then trusted (not read on the host).
+
+    Returns:
+        ``[Nq, Nd]`` fp32; an empty sequence contributes 0. Same as ``maxsim.maxsim`` on the padded
+        tensors with masks (``maxsim.pad``), with work proportional to the real tokens.
+    """
+    q, d, cu_q, cu_d, max_q, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+    if backend_for(q.device) == "reference":
+        return _reference(q, d, cu_q, cu_d, max_q)
+    _refuse_grad(q, d)
+    return varlen_forward(q, d, cu_q, cu_d, max_q)
+
+
+def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None):
+    """MaxSim of chosen (query, document) pairs of packed batches: the reranking shape.
+
+    Args:
+        q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d: as :func:`maxsim_varlen`.
+        pair_q, pair_d: integer ``[P]``: pair p scores query ``pair_q[p]`` against document
+            ``pair_d[p]``. With both max lengths given nothing is read on the host: an index out
+            of range then scores NaN instead of raising.
+
+    Returns:
+        ``[P]`` fp32.
+    """
+    q, d, cu_q, cu_d, max_q, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+    Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
+    for name, idx, n in (("pair_q", pair_q, Nq), ("pair_d", pair_d, Nd)):
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int32, torch.int64) or idx.dim() != 1:
+            raise TypeError(f"maxsim: {name} must be a 1-D int32/int64 tensor")
+        if idx.device != q.device:
+            raise ValueError(f"maxsim: {name} is on {idx.device} but the packed tensors are on {q.device}")
+        if (max_seqlen_q is None or max_seqlen_d is None) and idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"maxsim: {name} must index 0..{n - 1}; got values in [{lo}, {hi}]")
+    if pair_q.shape != pair_d.shape:
+        raise ValueError(f"maxsim: pair_q and pair_d must have the same length; got {pair_q.numel()} and {pair_d.numel()}")
+    pq, pd = pair_q.to(torch.int64), pair_d.to(torch.int64)
+    if backend_for(q.device) == "reference":
+        full = _reference(q, d, cu_q, cu_d, max_q)  # [Nq, Nd]
+        return full[pq, pd] if pq.numel() else full.new_zeros(0)
+    _refuse_grad(q, d)
+    return varlen_forward(q, d, cu_q, cu_d, max_q, pq, pd)
+
+
+def _reference(q, d, cu_q, cu_d, max_q):
+    """The contract in PyTorch: pad with masks and use the dense reference."""
+    max_d = int((cu_d[1:] - cu_d[:-1]).max()) if cu_d.numel() > 1 else 0
+    Qp, qm = packed_to_padded(q, cu_q, max_q)
+    Dp, dm = packed_to_padded(d, cu_d, max_d)
+    return reference.maxsim_reference(Qp, Dp, qm, dm)
