@@ -138,3 +138,10 @@ def test_differentiable_through_autograd():
     D = rand(3, 5, 8).requires_grad_()
     maxsim_reference(Q, D).sum().backward()
     assert Q.grad is not None and D.grad is not None and Q.grad.abs().sum() > 0
+
+
+def test_warmup_runs_every_combination():
+    import maxsim
+
+    n = maxsim.warmup(query_lengths=(8, 32), num_queries=(1, 3), dims=(16,), dtypes=(torch.float32,), device="cpu")
+    assert n == 2 * 2 * 2  # x masks (False, True)

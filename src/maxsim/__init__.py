@@ -7,6 +7,7 @@ from maxsim import reference
 from maxsim.dense.ops import maxsim
 from maxsim.varlen.ops import maxsim_varlen, score_pairs_packed
 from maxsim.varlen.packing import pack, packed_to_padded, pad, padded_to_packed
+from maxsim.warmup import warmup
 
 __version__ = "0.1.0"
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "packed_to_padded",
     "padded_to_packed",
     "reference",
+    "warmup",
     "__version__",
 ]

@@ -116,3 +116,22 @@ def test_cuda_graph_capture_and_replay():
         g.replay()
         torch.cuda.synchronize()
         assert rel_err(out, maxsim_reference(Q, D, qm, dm)) < 1e-5
+
+
+def _compiled_forward_variants():
+    from maxsim.dense.forward import _maxsim_fwd_kernel
+
+    return sum(len(c[0]) for c in _maxsim_fwd_kernel.device_caches.values())
+
+
+def test_no_recompilation_when_nq_nd_ld_change():
+    # After a warm-up of the buckets used, new batch sizes and document lengths reuse the kernels.
+    maxsim.warmup(query_lengths=(32,), num_queries=(1, 8, 64), masks=(True,))
+    before = _compiled_forward_variants()
+    for nq, nd, ld in [(1, 10, 300), (1, 1000, 17), (8, 5, 129), (7, 333, 64), (64, 20, 180), (200, 3, 1)]:
+        Q = torch.randn(nq, 32, 128, device="cuda", dtype=F16)
+        D = torch.randn(nd, ld, 128, device="cuda", dtype=F16)
+        qm = torch.rand(nq, 32, device="cuda") > 0.1
+        dm = torch.rand(nd, ld, device="cuda") > 0.1
+        assert rel_err(maxsim.maxsim(Q, D, qm, dm), maxsim_reference(Q, D, qm, dm)) < 1e-5
+    assert _compiled_forward_variants() == before

@@ -1,11 +1,20 @@
-"""Forward benchmark harness: ``python -m maxsim bench`` or ``python benchmarks/run.py``.
+"""Benchmark harness: ``python -m maxsim bench [--mode forward|train]`` or ``python benchmarks/run.py``.
 
-See :mod:`maxsim.bench.runner` for what is measured and how crashes are isolated.
+See :mod:`maxsim.bench.runner` for what is measured and how crashes are isolated, and
+:mod:`maxsim.bench.train` for the training step.
 """
 
 from __future__ import annotations
 
-from maxsim.bench.shapes import CPU_SHAPES, GPU_SHAPES, Shape, floor_seconds, make_inputs
+from maxsim.bench.shapes import (
+    CPU_SHAPES,
+    GPU_SHAPES,
+    TRAIN_CPU_SHAPES,
+    TRAIN_GPU_SHAPES,
+    Shape,
+    floor_seconds,
+    make_inputs,
+)
 
 
 def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None) -> int:
@@ -17,4 +26,13 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
     return _run_cli(argv, shapes=shapes)
 
 
-__all__ = ["CPU_SHAPES", "GPU_SHAPES", "Shape", "floor_seconds", "make_inputs", "run_cli"]
+__all__ = [
+    "CPU_SHAPES",
+    "GPU_SHAPES",
+    "TRAIN_CPU_SHAPES",
+    "TRAIN_GPU_SHAPES",
+    "Shape",
+    "floor_seconds",
+    "make_inputs",
+    "run_cli",
+]

@@ -1,11 +1,16 @@
-"""Forward benchmark: time every provider on every shape, check it, and report.
+"""Benchmark: time every provider on every shape, check it, and report.
 
-    python -m maxsim bench [--shapes a,b] [--providers p,q] [--quick] [--device cpu|cuda] [--out DIR]
+    python -m maxsim bench [--mode forward|train] [--shapes a,b] [--providers p,q] [--quick]
+                           [--device cpu|cuda] [--out DIR]
 
 For each (shape, provider) cell: build the inputs from a fixed seed, compute the reference
 scores, call the provider once (compiles and autotunes), compare with the reference, measure the
 peak memory of one call, then time it (``triton.testing.do_bench`` median on CUDA,
 ``time.perf_counter`` median on CPU).
+
+``--mode train`` does the same for one training step instead of one call: zero the gradients,
+score, cross-entropy loss, backward (:mod:`maxsim.bench.train`); the check covers the scores and
+the gradients of Q and D, against the reference's autograd in fp32.
 
 Crash isolation: one faulty kernel can poison the CUDA context (an illegal memory access makes
 every later CUDA call fail), so on CUDA each provider runs in a worker subprocess
@@ -14,8 +19,9 @@ When a worker dies, the parent records the shape it was on as ``crashed (<reason
 fresh worker on the remaining shapes. Inputs come from a seeded generator on the device, so every
 worker sees the same numbers and computes its own reference. On CPU everything runs in-process.
 
-Exit status: 0 when maxsim ran and was correct on every shape (a peer crashing is a result, not a
-failure); 1 when maxsim failed or its relative error exceeded the tolerance; 2 for bad options.
+Exit status: 0 when maxsim (every ``maxsim*`` row) ran and was correct on every shape (a peer
+crashing is a result, not a failure); 1 when maxsim failed or its relative error (of the scores,
+and in train mode of the gradients) exceeded the tolerance; 2 for bad options.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from maxsim.bench.providers import DEFAULT_PROVIDERS, PROVIDERS, Provider, get_providers
+from maxsim.bench.providers import REGISTRIES, Provider, get_providers, is_maxsim
 from maxsim.bench.shapes import (
     DENSE_FLOPS_PER_S,
     HBM_BYTES_PER_S,
@@ -54,8 +60,11 @@ from maxsim.bench.shapes import (
     make_inputs,
     shapes_by_name,
 )
+from maxsim.bench.train import grad_error, reference_step, train_labels, train_step
 
-# Largest acceptable max|out - ref| / max|ref| for maxsim itself, by input dtype.
+MODES = ("forward", "train")
+# Largest acceptable max|out - ref| / max|ref| for maxsim itself, by input dtype; in train mode
+# also the largest ||grad - ref|| / ||ref|| of grad_Q and grad_D.
 TOLERANCE = {"fp16": 2e-2, "bf16": 2e-2, "fp32": 1e-4}
 # triton.testing.do_bench (warmup, rep) in ms, and CPU timing runs, without / with --quick.
 # 25/100 ms keeps the default GPU run (7 shapes x 4 providers) to a few minutes.
@@ -81,12 +90,17 @@ CSV_FIELDS = [
     "shape", "provider", "status", "ms", "floor_ms", "pct_floor", "peak_mb", "rel_err", "speedup",
     "nq", "nd", "lq", "ld", "d", "dtype", "masked", "note",
 ]  # fmt: skip
+TRAIN_CSV_FIELDS = [
+    "shape", "provider", "status", "ms", "floor_ms", "pct_floor", "peak_mb", "rel_err", "grad_q_err",
+    "grad_d_err", "speedup", "nq", "nd", "lq", "ld", "d", "dtype", "masked", "candidates", "note",
+]  # fmt: skip
+GRAD_FIELDS = ("grad_q_err", "grad_d_err")
 
 
 # --- one cell -----------------------------------------------------------------------------------
 
 
-def _record(shape: Shape, provider: str, status: str, note: str = "", **values) -> dict:
+def _record(shape: Shape, provider: str, status: str, note: str = "", mode: str = "forward", **values) -> dict:
     """One result row. status: ok | OOM | crashed | error | n/a."""
     row = {
         "shape": shape.name,
@@ -94,12 +108,14 @@ def _record(shape: Shape, provider: str, status: str, note: str = "", **values) 
         "status": status,
         "note": note,
         "ms": None,
-        "floor_ms": floor_seconds(shape) * 1e3,
+        "floor_ms": floor_seconds(shape, mode) * 1e3,
         "pct_floor": None,
         "peak_mb": None,
         "rel_err": None,
         "speedup": None,
     }
+    if mode == "train":
+        row.update(dict.fromkeys(GRAD_FIELDS))
     row.update({k: v for k, v in shape.to_dict().items() if k != "name"})
     row.update(values)
     return row
@@ -190,17 +206,49 @@ def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bo
     return {"ms": ms, "pct_floor": 100 * floor_seconds(shape) * 1e3 / ms, "peak_mb": peak, "rel_err": err}
 
 
-def measure(shape: Shape, provider: Provider, device: str, seed: int = 0, quick: bool = False) -> dict:
+def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, quick: bool) -> dict:
+    """The same for one training step (see :mod:`maxsim.bench.train`), plus the errors of the
+    gradients; the peak is that of one step above the inputs, gradients included."""
+    Q, D, q_mask, d_mask = make_inputs(shape, device, seed)
+    labels = train_labels(shape, device)
+    ref = reference_step(shape, Q, D, q_mask, d_mask, labels, mask_mode=provider.mask_mode)
+    _free(device)  # the reference's scratch
+    Q.requires_grad_(True)
+    D.requires_grad_(True)
+    step = functools.partial(train_step, provider.fn, provider.prepare(Q, D, q_mask, d_mask), (Q, D), labels)
+    scores = step()  # warm-up: compiles and autotunes forward and backward
+    _sync(device)
+    if tuple(scores.shape) != tuple(ref.scores.shape):
+        raise ValueError(f"returned shape {list(scores.shape)}, expected {list(ref.scores.shape)}")
+    values = {"rel_err": rel_error(scores, ref.scores), "note": ref.note}
+    if ref.grad_Q is not None:
+        values["grad_q_err"] = grad_error(Q.grad, ref.grad_Q, "Q")
+        values["grad_d_err"] = grad_error(D.grad, ref.grad_D, "D")
+    del scores, ref
+    Q.grad = D.grad = None  # not part of "before": the step allocates its own
+    peak = _peak_mb(step, device)
+    ms = _time_ms(step, device, quick)
+    values.update(ms=ms, pct_floor=100 * floor_seconds(shape, "train") * 1e3 / ms, peak_mb=peak)
+    return values
+
+
+def measure(
+    shape: Shape, provider: Provider, device: str, seed: int = 0, quick: bool = False, mode: str = "forward"
+) -> dict:
     """Run one (shape, provider) cell in this process and return its result row.
 
     Exceptions become rows (status OOM / crashed / error, traceback on stderr), never escape."""
     try:
-        with torch.no_grad():
-            values = _measure(shape, provider, device, seed, quick)
+        if mode == "train":
+            with torch.enable_grad():
+                values = _measure_train(shape, provider, device, seed, quick)
+        else:
+            with torch.no_grad():
+                values = _measure(shape, provider, device, seed, quick)
     except Exception as exc:
         traceback.print_exc()
-        return _record(shape, provider.name, classify_error(exc), note=_one_line(exc))
-    return _record(shape, provider.name, "ok", **values)
+        return _record(shape, provider.name, classify_error(exc), note=_one_line(exc), mode=mode)
+    return _record(shape, provider.name, "ok", mode=mode, **values)
 
 
 # --- worker side --------------------------------------------------------------------------------
@@ -209,15 +257,16 @@ def measure(shape: Shape, provider: Provider, device: str, seed: int = 0, quick:
 def worker_main(spec: str) -> int:
     """Run one provider over a list of shapes, printing one result line per shape.
 
-    spec: JSON ``{"provider", "device", "seed", "quick", "shapes": [Shape dicts]}``."""
+    spec: JSON ``{"mode", "provider", "device", "seed", "quick", "shapes": [Shape dicts]}``."""
     faulthandler.enable()  # a segfault or abort still leaves its reason on stderr
     cfg = json.loads(spec)
-    provider = PROVIDERS[cfg["provider"]]
+    mode = cfg.get("mode", "forward")
+    provider = REGISTRIES[mode][0][cfg["provider"]]
     for fields in cfg["shapes"]:
         shape = Shape(**fields)
         print(SHAPE_MARK + shape.name, file=sys.stderr, flush=True)
         print(START_MARK + shape.name, flush=True)
-        row = measure(shape, provider, cfg["device"], cfg["seed"], cfg["quick"])
+        row = measure(shape, provider, cfg["device"], cfg["seed"], cfg["quick"], mode)
         print(RESULT_MARK + json.dumps(row), flush=True)
         if row["status"] == "crashed":
             # The CUDA context is unusable: exit without touching it; the parent starts a new worker.
@@ -270,6 +319,7 @@ def _run_worker(shapes, provider, device, opts, log_path: Path, report) -> tuple
     Returns the names of the shapes it finished, the shape it started but did not finish (None
     if there is none) and, in case it stopped early, why."""
     spec = {
+        "mode": opts.mode,
         "provider": provider.name,
         "device": device,
         "seed": opts.seed,
@@ -326,7 +376,7 @@ def run_isolated(shapes, provider, device, opts, log_path: Path, report) -> None
             current = todo[0].name
         if current is not None:
             crashed = next(s for s in todo if s.name == current)
-            report(_record(crashed, provider.name, "crashed", note=reason))
+            report(_record(crashed, provider.name, "crashed", note=reason, mode=opts.mode))
             todo.remove(crashed)
 
 
@@ -343,12 +393,12 @@ def run_all(shapes, providers, device, opts, isolate: bool, log_path: Path) -> l
     for provider in providers:
         if not provider.available(device):
             for shape in shapes:
-                report(_record(shape, provider.name, "n/a", note=f"not available on {device}"))
+                report(_record(shape, provider.name, "n/a", note=f"not available on {device}", mode=opts.mode))
         elif isolate:
             run_isolated(shapes, provider, device, opts, log_path, report)
         else:
             for shape in shapes:
-                report(measure(shape, provider, device, opts.seed, opts.quick))
+                report(measure(shape, provider, device, opts.seed, opts.quick, opts.mode))
                 _free(device)
     shape_pos = {s.name: i for i, s in enumerate(shapes)}
     prov_pos = {p.name: i for i, p in enumerate(providers)}
@@ -360,18 +410,21 @@ def run_all(shapes, providers, device, opts, isolate: bool, log_path: Path) -> l
 
 def add_speedups(rows: list[dict]) -> None:
     """speedup = the provider's ms / maxsim's ms on the same shape (how many times faster maxsim
-    is); on the maxsim row, the same against the fastest other provider that ran."""
+    is); on the maxsim rows (maxsim and its variants, e.g. maxsim-lowmem), the fastest other
+    provider's ms / the row's own ms."""
     for shape in {r["shape"] for r in rows}:
         same = [r for r in rows if r["shape"] == shape]
         ms = {r["provider"]: r["ms"] for r in same if r["status"] == "ok"}
-        mine = ms.pop("maxsim", None)
+        mine = ms.get("maxsim")
+        peers = [t for p, t in ms.items() if not is_maxsim(p)]
         for r in same:
-            if mine is None:
+            own = ms.get(r["provider"])
+            if own is None:
                 r["speedup"] = None
-            elif r["provider"] == "maxsim":
-                r["speedup"] = min(ms.values()) / mine if ms else None
+            elif is_maxsim(r["provider"]):
+                r["speedup"] = min(peers) / own if peers else None
             else:
-                r["speedup"] = ms[r["provider"]] / mine if r["provider"] in ms else None
+                r["speedup"] = own / mine if mine is not None else None
 
 
 def _fmt(value, spec: str) -> str:
@@ -383,12 +436,15 @@ def _fmt_pct(value) -> str:
     return "-" if value is None else f"{value:.1f}" if value >= 0.1 else f"{value:.2g}"
 
 
-def format_table(rows: list[dict]) -> str:
-    """Fixed-width text table, one line per row."""
+def format_table(rows: list[dict], mode: str = "forward") -> str:
+    """Fixed-width text table, one line per row (train mode: with the gradients' errors)."""
     head = ["shape", "provider", "ms", "% floor", "peak MB", "rel err", "maxsim x", "note"]
+    if mode == "train":
+        head[6:6] = ["gQ err", "gD err"]
     cells = []
     for r in rows:
         ok = r["status"] == "ok"
+        grads = [_fmt(r.get(k), ".1e") for k in GRAD_FIELDS] if mode == "train" else []
         cells.append([
             r["shape"],
             r["provider"],
@@ -396,11 +452,12 @@ def format_table(rows: list[dict]) -> str:
             _fmt_pct(r["pct_floor"]),
             _fmt(r["peak_mb"], ".1f"),
             _fmt(r["rel_err"], ".1e"),
+            *grads,
             "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
             r["note"],
         ])  # fmt: skip
     widths = [max(len(row[i]) for row in cells + [head]) for i in range(len(head))]
-    left = {0, 1, 7}  # text columns; numbers are right-aligned
+    left = {0, 1, len(head) - 1}  # text columns; numbers are right-aligned
 
     def line(row):
         parts = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
@@ -415,6 +472,19 @@ TABLE_NOTES = (
     f"flops / {DENSE_FLOPS_PER_S / 1e12:g} TFLOP/s) over measured time (100 = at the floor). "
     "maxsim x: provider ms / maxsim ms (maxsim row: fastest other provider). "
     "rel err: max|out - ref| / max|ref| vs maxsim_reference (naive: mask_mode='multiply', PyLate's rule)."
+)
+TRAIN_TABLE_NOTES = (
+    "One step: grads set to None, scores, loss = cross_entropy(scores, arange(Nq)) in-batch or "
+    "(scores, zeros(Nq)) for candidate lists, backward into Q and D. "
+    f"% floor: H200 floor of a step = max(fwd bytes / {HBM_BYTES_PER_S / 1e12:g} TB/s, "
+    f"fwd flops / {DENSE_FLOPS_PER_S / 1e12:g} TFLOP/s) + bwd bytes / {HBM_BYTES_PER_S / 1e12:g} TB/s, "
+    "fwd flops = 2 Nq Nd Lq Ld d, fwd bytes = Q + D + masks + fp32 scores, bwd bytes = 2 (Q + D) "
+    "(read Q and D, write grad_Q and grad_D in the input dtype): the backward of a max is a gather, "
+    "no second matmul; 100 = at the floor. "
+    "peak MB: max allocated during a step minus allocated before it (inputs), gradients included. "
+    "maxsim x: provider ms / maxsim ms (maxsim rows: fastest other provider's ms / the row's). "
+    "rel err: scores, max|out - ref| / max|ref|; gQ err, gD err: ||grad - ref|| / ||ref||; ref = "
+    "autograd of maxsim_reference in fp32 on the same inputs (naive: mask_mode='multiply')."
 )
 
 
@@ -431,7 +501,7 @@ def _version(dist: str) -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def environment(device: str) -> dict:
+def environment(device: str, mode: str = "forward") -> dict:
     """What the numbers were measured on."""
     if device == "cuda":
         where = torch.cuda.get_device_name(0)
@@ -444,7 +514,7 @@ def environment(device: str) -> dict:
     except ImportError:
         triton_version = "not installed"
     env = {"device": where, "torch": torch.__version__, "triton": triton_version}
-    for p in PROVIDERS.values():
+    for p in REGISTRIES[mode][0].values():
         if p.dist:
             env[p.dist] = _version(p.dist)
     env["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -455,9 +525,10 @@ def header_line(env: dict) -> str:
     return " | ".join([env["device"]] + [f"{k} {v}" for k, v in env.items() if k not in ("device", "date")] + [env["date"]])
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
+def write_csv(rows: list[dict], path: Path, mode: str = "forward") -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        fields = TRAIN_CSV_FIELDS if mode == "train" else CSV_FIELDS
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -503,16 +574,20 @@ def write_png(rows: list[dict], path: Path, title: str) -> bool:
 
 
 def maxsim_failures(rows: list[dict]) -> list[str]:
-    """Why maxsim itself failed, one line per bad shape (empty when it is fine)."""
+    """Why maxsim itself (or a variant, e.g. maxsim-lowmem) failed, one line per bad row (empty
+    when it is fine). Gradient errors count where they were measured."""
     bad = []
     for r in rows:
-        if r["provider"] != "maxsim":
+        if not is_maxsim(r["provider"]):
             continue
         tol = TOLERANCE[r["dtype"]]
         if r["status"] != "ok":
-            bad.append(f"{r['shape']}: maxsim {r['status']} {r['note']}".rstrip())
-        elif not r["rel_err"] <= tol:  # also catches NaN
-            bad.append(f"{r['shape']}: maxsim rel err {r['rel_err']:.2e} above {tol:g}")
+            bad.append(f"{r['shape']}: {r['provider']} {r['status']} {r['note']}".rstrip())
+            continue
+        for key, what in [("rel_err", "rel err"), ("grad_q_err", "grad_Q err"), ("grad_d_err", "grad_D err")]:
+            if key == "rel_err" or r.get(key) is not None:
+                if not r[key] <= tol:  # also catches NaN
+                    bad.append(f"{r['shape']}: {r['provider']} {what} {r[key]:.2e} above {tol:g}")
     return bad
 
 
@@ -520,18 +595,30 @@ def maxsim_failures(rows: list[dict]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="maxsim bench", description="Forward MaxSim benchmark against peers.")
-    p.add_argument("--shapes", help="comma-separated shape names (default: the set for the device)")
+    p = argparse.ArgumentParser(
+        prog="maxsim bench", description="MaxSim benchmark against peers: the forward, or a training step."
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="forward",
+        help="forward: one scoring call; train: one training step, forward + cross-entropy + "
+        "backward, with gradient checks (default: %(default)s)",
+    )
+    p.add_argument("--shapes", help="comma-separated shape names (default: the mode's set for the device)")
     p.add_argument(
         "--providers",
-        default=",".join(DEFAULT_PROVIDERS),
-        help=f"comma-separated providers (default: %(default)s; known: {', '.join(PROVIDERS)})",
+        help="comma-separated providers (default: "
+        + "; ".join(f"{m}: {','.join(d)}" for m, (_, d) in REGISTRIES.items())
+        + "; known: "
+        + "; ".join(f"{m}: {', '.join(r)}" for m, (r, _) in REGISTRIES.items())
+        + ")",
     )
     p.add_argument("--quick", action="store_true", help="fewer timing repetitions")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", type=Path, help="directory for the CSV, PNG and logs")
-    p.add_argument("--csv", type=Path, help="CSV path (default: OUT/forward-<date>.csv)")
-    p.add_argument("--png", type=Path, help="bar chart path (default: OUT/forward-<date>.png)")
+    p.add_argument("--csv", type=Path, help="CSV path (default: OUT/<mode>-<date>.csv)")
+    p.add_argument("--png", type=Path, help="bar chart path (default: OUT/<mode>-<date>.png)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
     p.add_argument(
         "--isolate",
@@ -559,7 +646,7 @@ def _default_out_dir() -> Path:
 
 def _output_paths(opts) -> dict:
     out = opts.out or _default_out_dir()
-    stem = "forward-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stem = f"{opts.mode}-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     paths = {
         "csv": opts.csv or out / f"{stem}.csv",
         "jsonl": out / f"{stem}.jsonl",
@@ -587,21 +674,22 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
         return 2
     try:
         if shapes is None:
-            shapes = shapes_by_name(_names(opts.shapes)) if opts.shapes else default_shapes(device)
-        providers = get_providers(_names(opts.providers))
+            shapes = shapes_by_name(_names(opts.shapes)) if opts.shapes else default_shapes(device, opts.mode)
+        names = _names(opts.providers) if opts.providers else REGISTRIES[opts.mode][1]
+        providers = get_providers(names, opts.mode)
     except ValueError as exc:
         print(f"maxsim bench: {exc}", file=sys.stderr)
         return 2
     paths = _output_paths(opts)
     isolate = opts.isolate == "on" or (opts.isolate == "auto" and device == "cuda")
-    env = environment(device)
+    env = environment(device, opts.mode)
 
     rows = run_all(shapes, providers, device, opts, isolate, paths["workers"])
     add_speedups(rows)
     print(header_line(env))
-    print(format_table(rows))
-    print(TABLE_NOTES)
-    write_csv(rows, paths["csv"])
+    print(format_table(rows, opts.mode))
+    print(TRAIN_TABLE_NOTES if opts.mode == "train" else TABLE_NOTES)
+    write_csv(rows, paths["csv"], opts.mode)
     write_jsonl(rows, env, argv, paths["jsonl"])
     written = [paths["csv"], paths["jsonl"]]
     if write_png(rows, paths["png"], header_line(env)):

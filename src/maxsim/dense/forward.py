@@ -60,8 +60,9 @@ def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim,
 
 
 # Sizes vary call to call: no value specialisation (Triton would compile again for 1 or multiples
-# of 16). Strides stay specialised: their divisibility by 16 gives 16-byte loads.
-@triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "n_chunks", "docs_per_program"])
+# of 16), nor for the mask strides (= Ld, read a byte at a time). The embedding strides stay
+# specialised: their divisibility by 16 gives 16-byte loads.
+@triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "n_chunks", "docs_per_program", "stride_dmq", "stride_dmn"])
 def _maxsim_fwd_kernel(
     q_ptr, d_ptr, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
     Nq, Nd, Lq, Ld, dim,
@@ -302,7 +303,7 @@ def maxsim_forward(
 
 
 # Which runtime arguments Triton specialises on their value (see do_not_specialize above).
-_VALUE_SPECIALIZED = (False,) * 6 + (False,) * 4 + (True,) + (False, False) + (True,) * 7
+_VALUE_SPECIALIZED = (False,) * 6 + (False,) * 4 + (True,) + (False, False) + (True,) * 5 + (False, False)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,50 @@
+"""Compile ahead of traffic: a server calls :func:`warmup` once at start-up so that no request
+pays for a Triton compilation.
+
+Which kernel variant a call uses depends only on the dtype, d, the power-of-two bucket of Lq,
+the bucket of Nq x Lq (up to 256 stacked query rows), the layout and the flags (masks, normalize,
+mask mode, argmax); never on Nd or Ld. Compiled kernels also persist on disk in Triton's cache
+(``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a restarted process only loads them.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+
+def warmup(
+    *,
+    query_lengths=(32,),
+    num_queries=(1,),
+    dims=(128,),
+    dtypes=(torch.float16,),
+    masks=(False, True),
+    normalize=(False,),
+    candidates=(False,),
+    device="cuda",
+) -> int:
+    """Run ``maxsim.maxsim`` once on tiny inputs for every combination given; returns the number
+    of combinations run.
+
+    Example (a ColBERT server: 32-token queries, batches of 1 to 64, fp16, with document masks)::
+
+        maxsim.warmup(query_lengths=(32,), num_queries=(1, 8, 64), masks=(True,))
+    """
+    from maxsim import maxsim
+
+    count = 0
+    for lq, nq, d, dtype, masked, norm, cand in itertools.product(
+        query_lengths, num_queries, dims, dtypes, masks, normalize, candidates
+    ):
+        Q = torch.randn(nq, lq, d, device=device).to(dtype)
+        D = torch.randn(*((nq, 2) if cand else (2,)), 3, d, device=device).to(dtype)
+        qm = torch.ones(Q.shape[:-1], dtype=torch.bool, device=device) if masked else None
+        dm = torch.ones(D.shape[:-1], dtype=torch.bool, device=device) if masked else None
+        with torch.no_grad():
+            maxsim(Q, D, qm, dm, normalize=norm)
+        count += 1
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return count
