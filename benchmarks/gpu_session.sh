@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests tune bench
+#   bash benchmarks/gpu_session.sh tests [tune] [profile] [overhead] [bench] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,8 @@ for step in "$@"; do
     tune)  python3 benchmarks/tune_forward.py 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
     profile) python3 benchmarks/profile_small.py 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
+    train) python3 -m maxsim bench --mode train --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
+    varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
     bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac

@@ -4,7 +4,7 @@ Sequences are packed back to back, FlashAttention-style: q ``[Tq, d]`` with ``cu
 [Nq + 1]`` (query i is rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``), likewise d. A program owns a
 chunk of BM query rows and walks a run of (query, document) pairs, streaming only the document's
 real tokens: work is proportional to the real tokens, not to the longest sequence. The cross
-product is the implicit pair list ``p -> (p // Nd, p % Nd)``; ``score_pairs_packed`` reads pairs
+product is the implicit pair list ``p -> (p % Nq, p // Nq)``; ``score_pairs_packed`` reads pairs
 from two index arrays.
 """
 
@@ -34,7 +34,8 @@ def _maxsim_varlen_fwd_kernel(
     CROSS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """q [Tq, d], d [Td, d] (unit stride on d, rows contiguous); cu_seqlens int64 [N + 1];
-    pairs int64 [P] (unless CROSS); out fp32 [n_chunks, P]: one partial score per query chunk."""
+    pairs int64 [P] (unless CROSS); out fp32 [n_chunks, P]: one partial score per query chunk
+    (CROSS: pair p is query p % Nq against document p // Nq)."""
     NEG_INF: tl.constexpr = float("-inf")
     i_pid = tl.program_id(0)
     i_chunk = i_pid % n_chunks
@@ -44,8 +45,10 @@ def _maxsim_varlen_fwd_kernel(
     o_k = tl.arange(0, BK)
     for p in range(p0, tl.minimum(p0 + pairs_per_program, P)):
         if CROSS:
-            i = p // Nd
-            j = p % Nd
+            # Query-fastest order: a program's run of pairs re-reads one document for successive
+            # queries (from L1/L2), so each document comes from HBM about once.
+            i = p % Nq
+            j = p // Nq
         else:
             i = tl.load(pq_ptr + p)
             j = tl.load(pd_ptr + p)
@@ -138,7 +141,7 @@ def varlen_forward(
     launch(_maxsim_varlen_fwd_kernel, (n_programs,), args, _VALUE_SPECIALIZED, constexprs,
            num_warps=num_warps, num_stages=num_stages)
     scores = out[0] if n_chunks == 1 else out.sum(0)
-    return scores.view(Nq, Nd) if cross else scores
+    return scores.view(Nd, Nq).t().contiguous() if cross else scores
 
 
 # Tensors, then sizes Triton does not specialise, then dim (specialised).
