@@ -85,3 +85,14 @@ def torch_dtype_err(Q, D, ref64: torch.Tensor, q_mask=None, d_mask=None) -> floa
     if q_mask is not None:
         best = best * q_mask.cpu()[:, None, :]
     return rel_err(best.sum(-1).to(Q.dtype).float(), ref64)
+
+
+def grad_step(fn, Q, D, q_mask=None, d_mask=None, seed=0, **kw):
+    """Scores and gradients of ``sum(g * fn(Q, D, ...))`` for a seeded random ``g`` (drawn on the
+    CPU, so every device sees the same one). Returns (scores, grad_Q, grad_D)."""
+    Q = Q.detach().clone().requires_grad_()
+    D = D.detach().clone().requires_grad_()
+    out = fn(Q, D, q_mask, d_mask, **kw)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
+    (out * g).sum().backward()
+    return out.detach(), Q.grad, D.grad

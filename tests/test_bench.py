@@ -11,8 +11,9 @@ import torch
 
 from maxsim.bench import Shape, floor_seconds, make_inputs, run_cli
 from maxsim.bench import providers as bench_providers
-from maxsim.bench.runner import SHAPE_MARK, crash_reason
-from maxsim.bench.shapes import CPU_SHAPES, GPU_SHAPES, shapes_by_name
+from maxsim.bench import train as bench_train
+from maxsim.bench.runner import SHAPE_MARK, TRAIN_CSV_FIELDS, crash_reason
+from maxsim.bench.shapes import CPU_SHAPES, GPU_SHAPES, TRAIN_CPU_SHAPES, TRAIN_GPU_SHAPES, shapes_by_name
 from maxsim.reference import maxsim_reference
 
 TINY = [
@@ -28,8 +29,8 @@ def _only(tmp_path, pattern):
     return found[0]
 
 
-def _csv_rows(tmp_path):
-    with open(_only(tmp_path, "forward-*.csv"), newline="") as f:
+def _csv_rows(tmp_path, mode="forward"):
+    with open(_only(tmp_path, f"{mode}-*.csv"), newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -176,3 +177,160 @@ def test_gpu_shape_set_is_the_specified_one():
         "inbatch_128x128", "masked_64x64", "d768_32x10k",
     ]  # fmt: skip
     assert [s.name for s in CPU_SHAPES] == [n + "_cpu" for n in names]
+
+
+# --- train mode ---------------------------------------------------------------------------------
+
+TINY_TRAIN = [
+    Shape("tiny_train_inbatch_bf16", 4, 4, 6, 12, d=16, dtype="bf16"),
+    Shape("tiny_train_inbatch_fp32_masked", 3, 5, 5, 9, d=8, dtype="fp32", masked=True),
+    Shape("tiny_train_cand_bf16_masked", 3, 4, 5, 10, d=16, dtype="bf16", masked=True, candidates=True),
+    Shape("tiny_train_cand_fp32", 2, 3, 4, 7, d=8, dtype="fp32", candidates=True),
+]
+TRAIN_ARGV = ["--mode", "train", "--device", "cpu", "--quick"]
+
+
+def test_train_end_to_end_cpu(tmp_path, capsys):
+    argv = TRAIN_ARGV + ["--providers", "maxsim,naive", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY_TRAIN) == 0
+    out = capsys.readouterr().out
+
+    assert out.splitlines()[0].startswith("CPU")
+    assert "gQ err" in out and "gD err" in out and "cross_entropy" in out
+    table = _table_rows(out)
+    assert set(table) == {(s.name, p) for s in TINY_TRAIN for p in ("maxsim", "naive")}
+
+    with open(_only(tmp_path, "train-*.csv"), newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == TRAIN_CSV_FIELDS
+        rows = list(reader)
+    assert len(rows) == 2 * len(TINY_TRAIN)
+    dtype = {s.name: s.dtype for s in TINY_TRAIN}
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert float(row["ms"]) > 0 and float(row["pct_floor"]) > 0 and float(row["speedup"]) > 0
+        assert row["peak_mb"] == ""  # not measured on CPU
+        tol = 1e-4 if dtype[row["shape"]] == "fp32" else 1e-2
+        for key in ("rel_err", "grad_q_err", "grad_d_err"):
+            assert 0 <= float(row[key]) <= tol, (row["shape"], row["provider"], key, row[key])
+    assert {r["candidates"] for r in rows} == {"True", "False"}
+
+    lines = _only(tmp_path, "train-*.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["argv"] == argv
+    assert [json.loads(x)["provider"] for x in lines[1:]] == [r["provider"] for r in rows]
+    assert not list(tmp_path.glob("forward-*"))
+
+
+def test_train_variants_rows_and_speedups(tmp_path):
+    argv = TRAIN_ARGV + ["--providers", "maxsim,maxsim-unified,maxsim-lowmem,naive,flash-maxsim"]
+    assert run_cli(argv + ["--out", str(tmp_path)], shapes=TINY_TRAIN[:1]) == 0
+    rows = {r["provider"]: r for r in _csv_rows(tmp_path, "train")}
+    assert rows["flash-maxsim"]["status"] == "n/a"  # peers need CUDA
+    naive_ms = float(rows["naive"]["ms"])
+    for name in ("maxsim", "maxsim-unified", "maxsim-lowmem"):
+        assert rows[name]["status"] == "ok"
+        # maxsim rows: the fastest peer against the row itself, not against maxsim.
+        assert float(rows[name]["speedup"]) == pytest.approx(naive_ms / float(rows[name]["ms"]), rel=1e-3)
+    assert float(rows["naive"]["speedup"]) == pytest.approx(naive_ms / float(rows["maxsim"]["ms"]), rel=1e-3)
+
+
+def test_train_in_a_worker(tmp_path):
+    argv = TRAIN_ARGV + ["--providers", "maxsim", "--isolate", "on", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY_TRAIN[3:]) == 0
+    (row,) = _csv_rows(tmp_path, "train")
+    assert row["status"] == "ok" and float(row["grad_d_err"]) <= 1e-4  # the worker ran the train mode
+
+
+def test_train_wrong_gradient_fails(tmp_path, monkeypatch):
+    def right_scores_wrong_gradient(Q, D, q_mask, d_mask):
+        good = maxsim_reference(Q, D, q_mask, d_mask)
+        scaled = maxsim_reference(Q * 1.1, D, q_mask, d_mask)
+        return scaled - (scaled - good).detach()  # the scores of `good`, gradients 1.1x
+
+    broken = dataclasses.replace(bench_providers.TRAIN_PROVIDERS["maxsim-lowmem"], fn=right_scores_wrong_gradient)
+    monkeypatch.setitem(bench_providers.TRAIN_PROVIDERS, "maxsim-lowmem", broken)
+    argv = TRAIN_ARGV + ["--providers", "maxsim,maxsim-lowmem", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY_TRAIN[3:]) == 1
+    rows = {r["provider"]: r for r in _csv_rows(tmp_path, "train")}
+    assert float(rows["maxsim-lowmem"]["rel_err"]) < 1e-6
+    assert float(rows["maxsim-lowmem"]["grad_q_err"]) == pytest.approx(0.1, rel=1e-3)
+
+
+def test_train_gradient_check_skipped_when_the_reference_is_too_big(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_train, "REF_GRAD_LIMIT_BYTES", 0)
+    argv = TRAIN_ARGV + ["--providers", "maxsim", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY_TRAIN[:1]) == 0
+    (row,) = _csv_rows(tmp_path, "train")
+    assert row["status"] == "ok" and float(row["rel_err"]) < 1e-2
+    assert row["grad_q_err"] == row["grad_d_err"] == ""
+    assert row["note"].startswith("grad check skipped")
+
+
+def test_train_in_batch_needs_a_document_per_query(tmp_path):
+    argv = TRAIN_ARGV + ["--providers", "naive", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=[Shape("tiny_train_short", 3, 2, 4, 5, d=8)]) == 0  # no maxsim row
+    (row,) = _csv_rows(tmp_path, "train")
+    assert row["status"] == "error" and "nd >= nq" in row["note"]
+
+
+def test_train_labels_and_reference_gradient_by_hand():
+    # One query, two documents of one token each: the score is the best dot product, and with
+    # labels [0] the loss gradient is softmax - onehot.
+    shape = Shape("tiny", 1, 2, 1, 1, d=2, dtype="fp32")
+    Q = torch.tensor([[[1.0, 2.0]]])
+    D = torch.tensor([[[3.0, 0.0]], [[0.0, 1.0]]])
+    labels = bench_train.train_labels(shape, "cpu")
+    assert labels.tolist() == [0]
+    ref = bench_train.reference_step(shape, Q, D, None, None, labels)
+    torch.testing.assert_close(ref.scores, torch.tensor([[3.0, 2.0]]))
+    p = torch.softmax(torch.tensor([3.0, 2.0]), 0)
+    g = p - torch.tensor([1.0, 0.0])
+    torch.testing.assert_close(ref.grad_Q, (g[0] * D[0] + g[1] * D[1]).reshape(1, 1, 2))
+    torch.testing.assert_close(ref.grad_D, (g[:, None, None] * Q[0]).reshape(2, 1, 2))
+    cand = Shape("tiny", 3, 4, 2, 2, d=2, candidates=True)
+    assert bench_train.train_labels(cand, "cpu").tolist() == [0, 0, 0]
+    assert bench_train.train_labels(Shape("tiny", 3, 3, 2, 2), "cpu").tolist() == [0, 1, 2]
+
+
+def test_train_floor_seconds_by_hand():
+    # train_inbatch_128x128: compute-bound forward, then the backward reads Q, D and writes grads.
+    shape = shapes_by_name(["train_inbatch_128x128"])[0]
+    fwd_flops = 2 * 128 * 128 * 128 * 1024 * 128
+    qd_bytes = (128 * 128 + 128 * 1024) * 128 * 2
+    assert floor_seconds(shape, "train") == pytest.approx(fwd_flops / 790e12 + 2 * qd_bytes / 4.3e12)
+    # train_candidates_32x32: every query has its own 32 x 300 tokens; memory-bound.
+    shape = shapes_by_name(["train_candidates_32x32"])[0]
+    qd_bytes = (32 * 32 + 32 * 32 * 300) * 128 * 2
+    fwd = (qd_bytes + 32 * 32 * 4) / 4.3e12
+    assert fwd > 2 * 32 * 32 * 32 * 300 * 128 / 790e12
+    assert floor_seconds(shape) == pytest.approx(fwd)
+    assert floor_seconds(shape, "train") == pytest.approx(fwd + 2 * qd_bytes / 4.3e12)
+
+
+def test_candidate_inputs_and_naive_scores():
+    shape = Shape("tiny", 2, 3, 5, 9, d=16, dtype="fp32", masked=True, candidates=True)
+    Q, D, qm, dm = make_inputs(shape, "cpu")
+    assert D.shape == (2, 3, 9, 16) and dm.shape == (2, 3, 9)
+    lengths = dm.sum(-1)
+    assert (lengths >= 1).all() and torch.equal(dm, torch.arange(9) < lengths[..., None])
+    out = bench_providers.PROVIDERS["naive"].fn(Q, D, qm, dm)
+    torch.testing.assert_close(out, maxsim_reference(Q, D, qm, dm, mask_mode="multiply"), rtol=1e-5, atol=1e-4)
+    # flash-maxsim's candidate layout takes one length per (query, candidate), flattened.
+    *_, q_len, d_len = bench_providers.TRAIN_PROVIDERS["flash-maxsim"].prepare(Q, D, qm, dm)
+    assert q_len.tolist() == qm.sum(-1).tolist() and d_len.tolist() == lengths.reshape(-1).tolist()
+
+
+def test_train_shape_set_is_the_specified_one():
+    got = [(s.name, s.nq, s.nd, s.lq, s.ld, s.d, s.dtype, s.candidates) for s in TRAIN_GPU_SHAPES]
+    assert got == [
+        ("train_inbatch_128x128", 128, 128, 128, 1024, 128, "bf16", False),
+        ("train_inbatch_256x256", 256, 256, 32, 180, 128, "bf16", False),
+        ("train_candidates_32x32", 32, 32, 32, 300, 128, "bf16", True),
+        ("train_colpali_b128", 128, 128, 1024, 1024, 128, "bf16", False),
+    ]
+    assert [s.name for s in TRAIN_CPU_SHAPES] == [s.name + "_cpu" for s in TRAIN_GPU_SHAPES]
+    for cpu, gpu in zip(TRAIN_CPU_SHAPES, TRAIN_GPU_SHAPES):
+        assert (cpu.dtype, cpu.candidates, cpu.masked) == (gpu.dtype, gpu.candidates, gpu.masked)
+        assert cpu.candidates or cpu.nd >= cpu.nq
+    # The fp32 reference's gradients fit the budget on every GPU shape (no check is skipped).
+    assert all(bench_train.reference_grad_bytes(s) <= bench_train.REF_GRAD_LIMIT_BYTES for s in TRAIN_GPU_SHAPES)

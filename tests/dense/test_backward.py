@@ -8,7 +8,7 @@ import maxsim
 from conftest import KERNEL_DEVICE
 from maxsim.dense import ops
 from maxsim.reference import maxsim_reference
-from oracle import rel_err
+from oracle import grad_step, rel_err
 
 STRATEGIES = ["unified", "lowmem", "auto"]
 
@@ -23,19 +23,10 @@ def small_ints(*shape, dtype=torch.float32):
     return torch.randint(-3, 4, shape, device=KERNEL_DEVICE).to(dtype)
 
 
-def grads(fn, Q, D, q_mask=None, d_mask=None, seed=0, **kw):
-    Q = Q.detach().clone().requires_grad_()
-    D = D.detach().clone().requires_grad_()
-    out = fn(Q, D, q_mask, d_mask, **kw)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
-    (out * g).sum().backward()
-    return out.detach(), Q.grad, D.grad
-
-
 def compare(Q, D, q_mask=None, d_mask=None, tol=1e-5, **kw):
     backward = kw.pop("backward", "auto")
-    out, gq, gd = grads(maxsim.maxsim, Q, D, q_mask, d_mask, backward=backward, **kw)
-    ref, rq, rd = grads(maxsim_reference, Q.cpu(), D.cpu(), _cpu(q_mask), _cpu(d_mask), **kw)
+    out, gq, gd = grad_step(maxsim.maxsim, Q, D, q_mask, d_mask, backward=backward, **kw)
+    ref, rq, rd = grad_step(maxsim_reference, Q.cpu(), D.cpu(), _cpu(q_mask), _cpu(d_mask), **kw)
     assert gq.dtype == Q.dtype and gd.dtype == D.dtype and gq.shape == Q.shape and gd.shape == D.shape
     errs = rel_err(out, ref), rel_err(gq, rq), rel_err(gd, rd)
     print(f"rel err scores {errs[0]:.1e} grad_Q {errs[1]:.1e} grad_D {errs[2]:.1e}")
@@ -84,14 +75,14 @@ def test_ties_send_gradient_to_the_lowest_index():
     D[:, 7] = D[:, 2]  # duplicates of token 2, later in each document
     D[:, 11] = D[:, 2]
     for backward in ["unified", "lowmem"]:
-        _, _, gd = grads(maxsim.maxsim, Q, D, backward=backward)
+        _, _, gd = grad_step(maxsim.maxsim, Q, D, backward=backward)
         assert torch.all(gd[:, 7] == 0) and torch.all(gd[:, 11] == 0)
 
 
 def test_lowmem_is_bitwise_deterministic():
     Q, D = torch.randn(4, 33, 32, device=KERNEL_DEVICE), torch.randn(6, 50, 32, device=KERNEL_DEVICE)
-    a = grads(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
-    b = grads(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
+    a = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
+    b = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 

@@ -5,19 +5,10 @@ import torch
 
 import maxsim
 from maxsim.reference import maxsim_reference
-from oracle import rel_err
+from oracle import grad_step, rel_err
 
 pytestmark = pytest.mark.gpu
 BF16, F32 = torch.bfloat16, torch.float32
-
-
-def step(fn, Q, D, q_mask=None, d_mask=None, seed=0, **kw):
-    Q = Q.detach().clone().requires_grad_()
-    D = D.detach().clone().requires_grad_()
-    out = fn(Q, D, q_mask, d_mask, **kw)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
-    (out * g).sum().backward()
-    return out.detach(), Q.grad, D.grad
 
 
 # (Nq, Nd|K, Lq, Ld, d, candidates, masked, normalize)
@@ -40,8 +31,8 @@ def test_real_shape_gradients(case, backward):
     if masked:
         qm = torch.rand(Q.shape[:-1], device="cuda") > 0.2
         dm = torch.rand(D.shape[:-1], device="cuda") > 0.3
-    out, gq, gd = step(maxsim.maxsim, Q, D, qm, dm, backward=backward, normalize=normalize)
-    ref, rq, rd = step(maxsim_reference, Q, D, qm, dm, normalize=normalize)
+    out, gq, gd = grad_step(maxsim.maxsim, Q, D, qm, dm, backward=backward, normalize=normalize)
+    ref, rq, rd = grad_step(maxsim_reference, Q, D, qm, dm, normalize=normalize)
     errs = rel_err(out, ref), rel_err(gq, rq), rel_err(gd, rd)
     print(case, backward, "rel err", errs)
     # bf16 gradients: one rounding of an fp32 sum; a near-tie resolved differently moves a few rows.
@@ -53,8 +44,8 @@ def test_fp32_gradients_are_fp32_accurate(backward):
     # Integer-valued fp32 inputs: products exact, so float64 autograd is the exact answer.
     Q = torch.randint(-3, 4, (16, 32, 64), device="cuda").float()
     D = torch.randint(-3, 4, (24, 100, 64), device="cuda").float()
-    _, gq, gd = step(maxsim.maxsim, Q, D, backward=backward)
-    _, rq, rd = step(maxsim_reference, Q.cpu(), D.cpu(), None, None)
+    _, gq, gd = grad_step(maxsim.maxsim, Q, D, backward=backward)
+    _, rq, rd = grad_step(maxsim_reference, Q.cpu(), D.cpu(), None, None)
     assert rel_err(gq, rq) < 1e-6 and rel_err(gd, rd) < 1e-6
 
 
@@ -62,6 +53,6 @@ def test_lowmem_bitwise_deterministic_under_contention():
     # 256 queries x 32 tokens all compete for the same 256 x 64 document tokens.
     Q = torch.randn(256, 32, 128, device="cuda", dtype=BF16)
     D = torch.randn(256, 64, 128, device="cuda", dtype=BF16)
-    a = step(maxsim.maxsim, Q, D, backward="lowmem", seed=1)
-    b = step(maxsim.maxsim, Q, D, backward="lowmem", seed=1)
+    a = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=1)
+    b = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=1)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
