@@ -211,8 +211,12 @@ def test_train_end_to_end_cpu(tmp_path, capsys):
         assert float(row["ms"]) > 0 and float(row["pct_floor"]) > 0 and float(row["speedup"]) > 0
         assert row["peak_mb"] == ""  # not measured on CPU
         tol = 1e-4 if dtype[row["shape"]] == "fp32" else 1e-2
-        for key in ("rel_err", "grad_q_err", "grad_d_err"):
-            assert 0 <= float(row[key]) <= tol, (row["shape"], row["provider"], key, row[key])
+        # naive rounds every similarity to bf16 before the max: a near-tie may pick another winner
+        # than the fp32 reference, and that row's gradient is then another embedding.
+        grad_tol = 0.1 if (row["provider"], dtype[row["shape"]]) == ("naive", "bf16") else tol
+        assert 0 <= float(row["rel_err"]) <= tol, (row["shape"], row["provider"], row["rel_err"])
+        for key in ("grad_q_err", "grad_d_err"):
+            assert 0 <= float(row[key]) <= grad_tol, (row["shape"], row["provider"], key, row[key])
     assert {r["candidates"] for r in rows} == {"True", "False"}
 
     lines = _only(tmp_path, "train-*.jsonl").read_text().splitlines()

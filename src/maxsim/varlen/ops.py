@@ -2,12 +2,94 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from maxsim import _checks, reference
 from maxsim._dispatch import backend_for
+from maxsim.dense.ops import BACKWARD_STRATEGIES
+from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
 from maxsim.varlen.packing import pack, packed_to_padded
+
+
+@torch.library.custom_op("maxsim::varlen_forward", mutates_args=())
+def varlen_forward_op(
+    q: torch.Tensor,
+    d: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_d: torch.Tensor,
+    pair_q: Optional[torch.Tensor],
+    pair_d: Optional[torch.Tensor],
+    max_q: int,
+    save_argmax: bool,
+    strategy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed scores ([Nq, Nd], or [P] for pairs) and argmax [P, max_q] int32 (empty unless saved).
+    ``strategy`` is the backward's (read by autograd)."""
+    scores, argmax = varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax)
+    if argmax is None:
+        argmax = torch.empty(0, dtype=torch.int32, device=q.device)
+    return scores, argmax
+
+
+@varlen_forward_op.register_fake
+def _(q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy):
+    Nq, Nd = cu_q.shape[0] - 1, cu_d.shape[0] - 1
+    P = Nq * Nd if pair_q is None else pair_q.shape[0]
+    scores = q.new_empty((Nq, Nd) if pair_q is None else (P,), dtype=torch.float32)
+    return scores, q.new_empty((P, max_q) if save_argmax else (0,), dtype=torch.int32)
+
+
+@torch.library.custom_op("maxsim::varlen_backward", mutates_args=())
+def varlen_backward_op(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    d: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_d: torch.Tensor,
+    pair_q: Optional[torch.Tensor],
+    pair_d: Optional[torch.Tensor],
+    argmax: torch.Tensor,
+    strategy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_q like q, grad_d like d)."""
+    return varlen_backward(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy)
+
+
+@varlen_backward_op.register_fake
+def _(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy):
+    return torch.empty_like(q), torch.empty_like(d)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy = inputs
+    ctx.strategy = strategy
+    ctx.has_argmax = save_argmax
+    ctx.save_for_backward(q, d, cu_q, cu_d, pair_q, pair_d, output[1])
+
+
+def _varlen_backward(ctx, grad_scores, _grad_argmax):
+    if not ctx.has_argmax:
+        raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
+    q, d, cu_q, cu_d, pair_q, pair_d, argmax = ctx.saved_tensors
+    grad_q, grad_d = varlen_backward_op(grad_scores, q, d, cu_q, cu_d, pair_q, pair_d, argmax, ctx.strategy)
+    return grad_q, grad_d, None, None, None, None, None, None, None
+
+
+varlen_forward_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
+    """The kernels: through the differentiable custom op when a gradient is needed (or when
+    compiling), straight to the launcher otherwise."""
+    _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
+    if needs_grad or torch.compiler.is_compiling():
+        strategy = "unified" if backward == "auto" else backward
+        return varlen_forward_op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, needs_grad, strategy)[0]
+    return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d)[0]
 
 
 def _check_packed(name: str, x: torch.Tensor) -> None:
@@ -70,15 +152,8 @@ def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
     return q.contiguous(), d.contiguous(), cu_q, cu_d, int(max_seqlen_q), int(max_seqlen_d)
 
 
-def _refuse_grad(q, d):
-    if torch.is_grad_enabled() and (q.requires_grad or d.requires_grad):
-        raise NotImplementedError(
-            "maxsim: gradients of the packed (varlen) kernels are not implemented yet; use maxsim.maxsim on "
-            "padded tensors with masks (maxsim.pad) to train, or call under torch.no_grad()"
-        )
-
-
-def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None):
+def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None, *,
+                  backward="auto"):
     """MaxSim of every packed query against every packed document, without padding.
 
     Args:
@@ -88,19 +163,22 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         cu_seqlens_d: int32/int64 ``[Nd + 1]``, likewise.
         max_seqlen_q, max_seqlen_d: the longest query / document. Give both to avoid any host
             synchronisation; the cu_seqlens values are then trusted (not read on the host).
+        backward: grad_d/grad_q reduction when q or d requires grad: ``"unified"`` (fp32 atomics,
+            the default for ``"auto"``) or ``"lowmem"`` (destination-owned, deterministic).
 
     Returns:
-        ``[Nq, Nd]`` fp32; an empty sequence contributes 0. Same as ``maxsim.maxsim`` on the padded
-        tensors with masks (``maxsim.pad``), with work proportional to the real tokens.
+        ``[Nq, Nd]`` fp32; an empty sequence contributes 0 (and gets zero gradient). Same as
+        ``maxsim.maxsim`` on the padded tensors with masks (``maxsim.pad``), with work
+        proportional to the real tokens. Differentiable in q and d (through a list's tensors too).
     """
     q, d, cu_q, cu_d, max_q, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
     if backend_for(q.device) == "reference":
         return _reference(q, d, cu_q, cu_d, max_q)
-    _refuse_grad(q, d)
-    return varlen_forward(q, d, cu_q, cu_d, max_q)
+    return _run(q, d, cu_q, cu_d, max_q, None, None, backward)
 
 
-def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None):
+def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None, *,
+                       backward="auto"):
     """MaxSim of chosen (query, document) pairs of packed batches: the reranking shape.
 
     Args:
@@ -108,9 +186,10 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
         pair_q, pair_d: integer ``[P]``: pair p scores query ``pair_q[p]`` against document
             ``pair_d[p]``. With both max lengths given nothing is read on the host: an index out
             of range then scores NaN instead of raising.
+        backward: as :func:`maxsim_varlen`.
 
     Returns:
-        ``[P]`` fp32.
+        ``[P]`` fp32, differentiable in q and d.
     """
     q, d, cu_q, cu_d, max_q, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
@@ -129,8 +208,7 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
     if backend_for(q.device) == "reference":
         full = _reference(q, d, cu_q, cu_d, max_q)  # [Nq, Nd]
         return full[pq, pd] if pq.numel() else full.new_zeros(0)
-    _refuse_grad(q, d)
-    return varlen_forward(q, d, cu_q, cu_d, max_q, pq, pd)
+    return _run(q, d, cu_q, cu_d, max_q, pq, pd, backward)
 
 
 def _reference(q, d, cu_q, cu_d, max_q):
