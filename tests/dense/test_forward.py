@@ -163,3 +163,23 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
     out, _ = maxsim_forward(Q, D[None], q_mask, d_mask[None], config=cfg)
     ref, _ = oracle(Q, D, q_mask, d_mask)
     assert torch.equal(out.double().cpu(), ref)
+
+
+def test_random_shapes_and_masks_fuzz():
+    # Fresh random shapes, layouts, masks and flags each run: the kernel must match the oracle.
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    for _ in range(6):
+        nq, nd = (int(x) for x in torch.randint(1, 5, (2,), generator=gen))
+        lq, ld = (int(x) for x in torch.randint(1, 140, (2,), generator=gen))
+        d = int(torch.randint(1, 40, (), generator=gen)) * 8
+        cand = bool(torch.randint(0, 2, (), generator=gen))
+        mode = ["exclude", "multiply"][int(torch.randint(0, 2, (), generator=gen))]
+        Q = small_ints(nq, lq, d)
+        D = small_ints(nq, nd, ld, d) if cand else small_ints(nd, ld, d)
+        q_mask = torch.rand(Q.shape[:-1], generator=gen).to(KERNEL_DEVICE) > 0.3
+        d_mask = torch.rand(D.shape[:-1], generator=gen).to(KERNEL_DEVICE) > 0.5
+        scores, arg = maxsim.maxsim(Q, D, q_mask, d_mask, mask_mode=mode, return_argmax=True)
+        ref, ref_arg = oracle(Q, D, q_mask, d_mask, mask_mode=mode)
+        case = (nq, nd, lq, ld, d, cand, mode)
+        assert torch.equal(scores.double().cpu(), ref), case
+        assert torch.equal(arg.long().cpu(), ref_arg), case

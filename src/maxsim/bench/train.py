@@ -87,12 +87,17 @@ def reference_step(shape: Shape, Q, D, q_mask, d_mask, labels, mask_mode: str = 
     with_grads = need <= REF_GRAD_LIMIT_BYTES
     Qf = Q.detach().float().requires_grad_(with_grads)
     Df = D.detach().float().requires_grad_(with_grads)
-    with torch.set_grad_enabled(with_grads):
-        scores = maxsim_reference(Qf, Df, q_mask, d_mask, mask_mode=mask_mode, max_chunk_bytes=REF_CHUNK_BYTES)
-        if not with_grads:
-            note = f"grad check skipped: the reference needs ~{need / 2**30:.0f} GB"
-            return Reference(scores, None, None, note)
-        training_loss(scores, labels).backward()
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # true fp32 products, whatever a peer set (TF32)
+    try:
+        with torch.set_grad_enabled(with_grads):
+            scores = maxsim_reference(Qf, Df, q_mask, d_mask, mask_mode=mask_mode, max_chunk_bytes=REF_CHUNK_BYTES)
+            if not with_grads:
+                note = f"grad check skipped: the reference needs ~{need / 2**30:.0f} GB"
+                return Reference(scores, None, None, note)
+            training_loss(scores, labels).backward()
+    finally:
+        torch.set_float32_matmul_precision(precision)
     return Reference(scores.detach(), Qf.grad, Df.grad)
 
 
