@@ -33,7 +33,7 @@ def _info() -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m maxsim", description=__doc__)
-    parser.add_argument("command", choices=["bench", "info"], help="bench: time the forward; info: versions and backends")
+    parser.add_argument("command", choices=["bench", "info"], help="bench: time forward (--mode forward) or training steps (--mode train); info: versions and backends")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
