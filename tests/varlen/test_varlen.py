@@ -179,3 +179,23 @@ def test_opcheck_varlen_ops():
     for pairs in [(None, None), (pq, pd)]:
         args = (q.requires_grad_(), d.requires_grad_(), cu_q, cu_d, *pairs, mq, True, "lowmem")
         torch.library.opcheck(varlen_ops.varlen_forward_op, args)
+
+
+@pytest.mark.parametrize("q_lengths", [[3, 8, 1, 0, 5, 7, 2, 8, 6, 4, 1], [100, 3, 64, 65]],
+                         ids=["stacked-short-queries", "chunked-long-queries"])
+def test_cross_product_stacking_and_chunking(q_lengths):
+    qs, ds = int_ragged(q_lengths), int_ragged([7, 1, 0, 70, 33, 64])
+    out = maxsim.maxsim_varlen(qs, ds)
+    assert torch.equal(out.cpu(), loop_reference(qs, ds))
+    q, cu_q, mq = maxsim.pack(qs)
+    d, cu_d, md = maxsim.pack(ds)
+
+    def ref(q, d):
+        Qp, qm = maxsim.packed_to_padded(q, cu_q, mq)
+        Dp, dm = maxsim.packed_to_padded(d, cu_d, md)
+        return maxsim_reference(Qp.cpu(), Dp.cpu(), qm.cpu(), dm.cpu())
+
+    for backward in ["unified", "lowmem"]:
+        a = packed_grads(lambda q, d: maxsim.maxsim_varlen(q, d, cu_q, cu_d, backward=backward), q, d)
+        b = packed_grads(ref, q.cpu(), d.cpu())
+        assert rel_err(a[1], b[1]) < 1e-5 and rel_err(a[2], b[2]) < 1e-5

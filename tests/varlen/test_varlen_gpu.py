@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import maxsim
-from maxsim.varlen.forward import _maxsim_varlen_fwd_kernel
+from maxsim.varlen.forward import _maxsim_pairs_kernel
 from oracle import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +19,7 @@ def random_packed(n, lo, hi, dim=128, dtype=torch.float16):
 
 
 def compiled_variants():
-    return sum(len(c[0]) for c in _maxsim_varlen_fwd_kernel.device_caches.values())
+    return sum(len(c[0]) for c in _maxsim_pairs_kernel.device_caches.values())
 
 
 def test_million_pairs_one_call_matches_padded_dense():

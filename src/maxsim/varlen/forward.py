@@ -1,11 +1,16 @@
-"""Fused MaxSim over packed (ragged) sequences: one Triton kernel and its launcher.
+"""Fused MaxSim over packed (ragged) sequences: two Triton kernels and their launcher.
 
 Sequences are packed back to back, FlashAttention-style: q ``[Tq, d]`` with ``cu_seqlens_q
-[Nq + 1]`` (query i is rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``), likewise d. A program owns a
-chunk of BM query rows and walks a run of (query, document) pairs, streaming only the document's
-real tokens: work is proportional to the real tokens, not to the longest sequence. The cross
-product is the implicit pair list ``p -> (p % Nq, p // Nq)``; ``score_pairs_packed`` reads pairs
-from two index arrays.
+[Nq + 1]`` (query i is rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``), likewise d. Only a document's
+real tokens are streamed: work is proportional to the real tokens, not to the longest sequence.
+
+- Cross product: like the dense kernel, a program stacks several queries (each padded to SEG rows
+  inside the block, a power of two >= the longest query) or a chunk of one long query into BM rows,
+  and walks a run of documents: every document tile read serves all of them.
+- Pair lists (``score_pairs_packed``): a program owns a chunk of one pair's query rows and walks a
+  run of pairs.
+Both share the per-document loop, :func:`_doc_rowmax`. The argmax, when saved, is ``[P, max_q]``
+in pair order; for the cross product pair p is query ``p % Nq`` against document ``p // Nq``.
 """
 
 from __future__ import annotations
@@ -41,86 +46,155 @@ def pair_of(p, pq_ptr, pd_ptr, Nq, Nd, CROSS: tl.constexpr):
     return tl.where(ok, i, 0), tl.where(ok, j, 0), ok
 
 
+@triton.jit
+def _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr,
+                EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+                SAVE_ARGMAX: tl.constexpr):
+    """Max over one packed document (rows d_lo:d_hi) for each of the BM query rows.
+
+    b_q [BM, BK] is the resident query block when NUM_K == 1 (else chunks are read from p_q).
+    Returns (max [BM] fp32, argmax [BM] int32: the winner's index inside the document, lowest on
+    ties, a NaN winning). An empty document leaves max at -inf.
+    """
+    NEG_INF: tl.constexpr = float("-inf")
+    o_n = tl.arange(0, BN)
+    o_k = tl.arange(0, BK)
+    b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
+    b_arg = tl.zeros([BM], dtype=tl.int32)
+    for t0 in range(d_lo, d_hi, BN):
+        o_t = t0 + o_n  # [BN] packed document rows
+        m_t = o_t < d_hi
+        p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
+        b_s = tl.zeros([BM, BN], dtype=tl.float32)
+        for kk in range(NUM_K):
+            o_kk = kk * BK + o_k
+            if EVEN_K:
+                b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
+            else:
+                b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
+            if NUM_K > 1:
+                b_q = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+            if DOT_UPCAST:
+                b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            else:
+                b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.where(m_t[None, :], b_s, NEG_INF)
+        b_tmax = tl.reduce(b_s, 1, _max_nan)  # [BM]
+        if SAVE_ARGMAX:
+            is_max = (b_s == b_tmax[:, None]) | (b_s != b_s)
+            b_targ = tl.min(tl.where(is_max, o_n[None, :], BN), axis=1)  # first winner in the tile
+            # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
+            upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
+            b_arg = tl.where(upd, (t0 - d_lo).to(tl.int32) + b_targ, b_arg)
+            b_max = tl.where(upd, b_tmax, b_max)
+        else:
+            b_max = _max_nan(b_max, b_tmax)
+    return b_max, b_arg
+
+
+@triton.jit
+def _load_query_block(p_q, m_row, dim, BK: tl.constexpr, NUM_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The [BM, BK] query block that stays on chip when d fits one chunk (else a placeholder)."""
+    o_k = tl.arange(0, BK)
+    if NUM_K == 1:
+        if EVEN_K:
+            return tl.load(p_q + o_k[None, :], mask=m_row[:, None], other=0.0)
+        return tl.load(p_q + o_k[None, :], mask=m_row[:, None] & (o_k < dim)[None, :], other=0.0)
+    return tl.zeros([1, BK], dtype=p_q.dtype.element_ty)
+
+
+@triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q"])
+def _maxsim_varlen_cross_kernel(
+    q_ptr, d_ptr, cuq_ptr, cud_ptr, out_ptr, arg_ptr,
+    Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, SEG: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SAVE_ARGMAX: tl.constexpr,
+):
+    """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial
+    sums per query chunk); argmax int32 [Nd * Nq, max_q] (pair p = j * Nq + i)."""
+    QPB: tl.constexpr = BM // SEG  # queries per block
+    n_mblocks = tl.cdiv(Nq, QPB) * n_chunks
+    i_pid = tl.program_id(0)
+    i_m = i_pid % n_mblocks  # row blocks vary fastest: programs sharing documents run together
+    i_n = i_pid // n_mblocks
+    i_qgroup = i_m // n_chunks
+    i_chunk = i_m % n_chunks
+    o_r = tl.arange(0, BM)
+    o_q = i_qgroup * QPB + o_r // SEG  # [BM] query of each row
+    o_s = i_chunk * SEG + o_r % SEG  # [BM] token of each row
+    m_q = o_q < Nq
+    q_lo = tl.load(cuq_ptr + o_q, mask=m_q, other=0)
+    q_hi = tl.minimum(tl.load(cuq_ptr + o_q + 1, mask=m_q, other=0), Tq)
+    m_row = m_q & (q_lo + o_s < q_hi)
+    p_q = q_ptr + (q_lo + o_s).to(tl.int64)[:, None] * dim  # [BM, 1]
+    b_q = _load_query_block(p_q, m_row, dim, BK, NUM_K, EVEN_K)
+    o_qb = i_qgroup * QPB + tl.arange(0, QPB)
+    j0 = (i_n * docs_per_program).to(tl.int64)
+    for jj in range(0, tl.minimum(docs_per_program, Nd - j0)):
+        j = j0 + jj
+        d_lo = tl.load(cud_ptr + j)
+        d_hi = tl.minimum(tl.load(cud_ptr + j + 1), Td)
+        b_max, b_arg = _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim, BM, BN, BK, NUM_K, EVEN_K,
+                                   DOT_PRECISION, DOT_UPCAST, SAVE_ARGMAX)
+        keep = m_row & (d_hi > d_lo)  # an empty document contributes 0
+        b_score = tl.sum(tl.reshape(tl.where(keep, b_max, 0.0), [QPB, SEG]), axis=1)  # [QPB]
+        tl.store(out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j, b_score, mask=o_qb < Nq)
+        if SAVE_ARGMAX:
+            p_arg = arg_ptr + (j * Nq + o_q) * max_q + o_s
+            tl.store(p_arg, tl.where(keep, b_arg, -1), mask=m_q & (o_s < max_q))
+
+
 @triton.jit(do_not_specialize=["Nq", "Nd", "P", "Tq", "Td", "n_chunks", "pairs_per_program", "max_q"])
-def _maxsim_varlen_fwd_kernel(
+def _maxsim_pairs_kernel(
     q_ptr, d_ptr, cuq_ptr, cud_ptr, pq_ptr, pd_ptr, out_ptr, arg_ptr,
     Nq, Nd, P, Tq, Td, dim, n_chunks, pairs_per_program, max_q,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr,
-    CROSS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    SAVE_ARGMAX: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SAVE_ARGMAX: tl.constexpr,
 ):
-    """q [Tq, d], d [Td, d] (unit stride on d, rows contiguous); cu_seqlens int64 [N + 1];
-    pairs int64 [P] (unless CROSS); out fp32 [n_chunks, P]: one partial score per query chunk;
-    with SAVE_ARGMAX, argmax int32 [P, max_q]: the winning token's index inside its document,
-    -1 past the query's end or for an empty document."""
-    NEG_INF: tl.constexpr = float("-inf")
+    """Listed pairs. pairs int64 [P]; out fp32 [n_chunks, P]; argmax int32 [P, max_q]. A pair
+    with an index out of range scores NaN and passes no gradient (never a fault)."""
     i_pid = tl.program_id(0)
     i_chunk = i_pid % n_chunks
     p0 = ((i_pid // n_chunks) * pairs_per_program).to(tl.int64)
-    o_r = tl.arange(0, BM)
-    o_n = tl.arange(0, BN)
-    o_k = tl.arange(0, BK)
+    o_s = i_chunk * BM + tl.arange(0, BM)  # [BM] tokens of the pair's query
     for pp in range(0, tl.minimum(pairs_per_program, P - p0)):
         p = p0 + pp  # int64
-        i, j, ok = pair_of(p, pq_ptr, pd_ptr, Nq, Nd, CROSS)
+        i, j, ok = pair_of(p, pq_ptr, pd_ptr, Nq, Nd, False)
         q_lo = tl.load(cuq_ptr + i)
         q_hi = tl.minimum(tl.load(cuq_ptr + i + 1), Tq)
         d_lo = tl.load(cud_ptr + j)
         d_hi = tl.minimum(tl.load(cud_ptr + j + 1), Td)
-        o_qrow = q_lo + i_chunk * BM + o_r  # [BM] packed query rows
-        m_row = o_qrow < q_hi
-        p_q = q_ptr + o_qrow.to(tl.int64)[:, None] * dim  # [BM, 1]
-        b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
-        b_arg = tl.zeros([BM], dtype=tl.int32)
-        for t0 in range(d_lo, d_hi, BN):
-            o_t = t0 + o_n  # [BN] packed document rows
-            m_t = o_t < d_hi
-            p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
-            b_s = tl.zeros([BM, BN], dtype=tl.float32)
-            for kk in range(NUM_K):
-                o_kk = kk * BK + o_k
-                m_k = o_kk < dim
-                if EVEN_K:
-                    b_q = tl.load(p_q + o_kk[None, :], mask=m_row[:, None], other=0.0)
-                    b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0.0)
-                else:
-                    b_q = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-                    b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-                if DOT_UPCAST:
-                    b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
-                else:
-                    b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
-            b_s = tl.where(m_t[None, :], b_s, NEG_INF)
-            if SAVE_ARGMAX:
-                b_tmax = tl.reduce(b_s, 1, _max_nan)  # [BM]
-                is_max = (b_s == b_tmax[:, None]) | (b_s != b_s)
-                b_targ = tl.min(tl.where(is_max, o_n[None, :], BN), axis=1)  # first winner in the tile
-                # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
-                upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
-                b_arg = tl.where(upd, (t0 - d_lo).to(tl.int32) + b_targ, b_arg)
-                b_max = tl.where(upd, b_tmax, b_max)
-            else:
-                b_max = _max_nan(b_max, tl.reduce(b_s, 1, _max_nan))
-        # Empty document (max stays -inf) or rows past the query's end contribute 0.
+        m_row = q_lo + o_s < q_hi
+        p_q = q_ptr + (q_lo + o_s).to(tl.int64)[:, None] * dim  # [BM, 1]
+        b_q = _load_query_block(p_q, m_row, dim, BK, NUM_K, EVEN_K)
+        b_max, b_arg = _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim, BM, BN, BK, NUM_K, EVEN_K,
+                                   DOT_PRECISION, DOT_UPCAST, SAVE_ARGMAX)
         keep = m_row & (d_hi > d_lo)
-        score = tl.sum(tl.where(keep, b_max, 0.0), axis=0)
-        score = tl.where(ok, score, float("nan"))
+        score = tl.where(ok, tl.sum(tl.where(keep, b_max, 0.0), axis=0), float("nan"))
         tl.store(out_ptr + i_chunk.to(tl.int64) * P + p, score)
         if SAVE_ARGMAX:
-            o_s = i_chunk * BM + o_r
             tl.store(arg_ptr + p * max_q + o_s, tl.where(keep & ok, b_arg, -1), mask=o_s < max_q)
 
 
 @functools.lru_cache(maxsize=256)
-def _varlen_config(max_q: int, d: int, dtype: torch.dtype, interpret: bool):
-    """(BM, BN, BK, num_warps, num_stages): a query chunk of up to 128 rows, 64-token tiles."""
-    BM = min(128, max(16, next_pow2(max_q)))
-    wide = dtype == torch.float32
-    BK = min(64 if wide else 128, max(16, next_pow2(d)))
-    BN = 32 if wide else 64
+def _varlen_config(rows: int, d: int, dtype: torch.dtype, interpret: bool):
+    """(BM, BN, BK, num_warps, num_stages) for ``rows`` stacked query rows (power-of-two buckets).
+
+    Starting points taken from the dense kernel's H200 sweeps (many rows: BM=256, 8 warps; few:
+    bandwidth-bound, BN=128); not yet swept for the packed kernels themselves."""
+    BK = max(16, next_pow2(d))
+    if dtype == torch.float32:
+        BM, BN, BK, warps = min(128, max(16, rows)), 32, min(64, BK), 4
+    elif d > 128:
+        BM, BN, BK, warps = min(128, max(16, rows)), 64, 64, 4
+    elif rows >= 256:
+        BM, BN, warps = 256, 64, 8
+    else:
+        BM, BN, warps = max(16, rows), 128 if rows <= 64 else 64, 4 if rows <= 64 else 8
     if interpret:
-        return min(BM, 32), min(BN, 32), BK, 4, 1
-    return BM, BN, BK, 4 if BM <= 64 else 8, 3
+        return min(BM, 64), min(BN, 32), BK, 4, 1
+    return BM, BN, BK, warps, 3
 
 
 def varlen_forward(
@@ -149,26 +223,36 @@ def varlen_forward(
         shape = (Nq, Nd) if cross else (P,)
         return torch.zeros(shape, dtype=torch.float32, device=q.device), argmax
     interpret = interpreting()
-    BM, BN, BK, num_warps, num_stages = _varlen_config(max_q, dim, q.dtype, interpret)
-    n_chunks = -(-max_q // BM)
-    slots = 1 if interpret else multiprocessors(q.device.index if q.device.index is not None else torch.cuda.current_device()) * 4
-    pairs_per_program = max(1, -(-P * n_chunks // slots))
-    n_programs = n_chunks * -(-P // pairs_per_program)
-    out = torch.empty((n_chunks, P), dtype=torch.float32, device=q.device)
-    pq = pair_q if pair_q is not None else cu_q  # any tensor when unused
-    pd = pair_d if pair_d is not None else cu_d
-    args = (q, d, cu_q, cu_d, pq, pd, out, argmax if argmax is not None else out,
-            Nq, Nd, P, q.shape[0], d.shape[0], dim, n_chunks, pairs_per_program, max_q)
+    slots = 1 if interpret else 2 * multiprocessors(
+        q.device.index if q.device.index is not None else torch.cuda.current_device())
+    seg_q = next_pow2(max_q)
+    rows = seg_q * next_pow2(Nq) if cross else seg_q
+    BM, BN, BK, num_warps, num_stages = _varlen_config(rows, dim, q.dtype, interpret)
+    seg = min(seg_q, BM)
+    n_chunks = -(-max_q // seg)
+    arg = argmax if argmax is not None else cu_q  # any tensor when unused
     constexprs = dict(
-        BM=BM, BN=BN, BK=BK, NUM_K=-(-dim // BK), CROSS=cross, EVEN_K=dim % BK == 0,
+        BM=BM, BN=BN, BK=BK, NUM_K=-(-dim // BK), EVEN_K=dim % BK == 0,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and q.dtype == torch.bfloat16, SAVE_ARGMAX=save_argmax,
     )
-    launch(_maxsim_varlen_fwd_kernel, (n_programs,), args, _VALUE_SPECIALIZED, constexprs,
-           num_warps=num_warps, num_stages=num_stages)
-    scores = out[0] if n_chunks == 1 else out.sum(0)
-    return (scores.view(Nd, Nq).t().contiguous() if cross else scores), argmax
+    if cross:
+        n_mblocks = -(-Nq // (BM // seg)) * n_chunks
+        docs_per_program = max(1, -(-Nd // max(1, slots // n_mblocks)))
+        out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=q.device)
+        args = (q, d, cu_q, cu_d, out, arg, Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q)
+        launch(_maxsim_varlen_cross_kernel, (n_mblocks * -(-Nd // docs_per_program),), args, _CROSS_SPECIALIZED,
+               dict(constexprs, SEG=seg), num_warps=num_warps, num_stages=num_stages)
+    else:
+        pairs_per_program = max(1, -(-P * n_chunks // slots))
+        out = torch.empty((n_chunks, P), dtype=torch.float32, device=q.device)
+        args = (q, d, cu_q, cu_d, pair_q, pair_d, out, arg,
+                Nq, Nd, P, q.shape[0], d.shape[0], dim, n_chunks, pairs_per_program, max_q)
+        launch(_maxsim_pairs_kernel, (n_chunks * -(-P // pairs_per_program),), args, _PAIRS_SPECIALIZED,
+               constexprs, num_warps=num_warps, num_stages=num_stages)
+    return (out[0] if n_chunks == 1 else out.sum(0)), argmax
 
 
-# Tensors, then sizes Triton does not specialise, then dim (specialised), then sizes again.
-_VALUE_SPECIALIZED = (False,) * 8 + (False,) * 5 + (True,) + (False, False, False)
+# Which runtime arguments Triton specialises on their value (only dim; see do_not_specialize).
+_CROSS_SPECIALIZED = (False,) * 6 + (False,) * 4 + (True,) + (False,) * 3
+_PAIRS_SPECIALIZED = (False,) * 8 + (False,) * 5 + (True,) + (False,) * 3
