@@ -135,3 +135,20 @@ def test_no_recompilation_when_nq_nd_ld_change():
         dm = torch.rand(nd, ld, device="cuda") > 0.1
         assert rel_err(maxsim.maxsim(Q, D, qm, dm), maxsim_reference(Q, D, qm, dm)) < 1e-5
     assert _compiled_forward_variants() == before
+
+
+def test_autotune_picks_persists_and_stays_exact(monkeypatch, tmp_path):
+    from maxsim._tuning import TuningCache
+
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("MAXSIM_AUTOTUNE", "1")
+    monkeypatch.setenv("MAXSIM_TUNING_CACHE", str(path))
+    Q, D, qm, dm = make(16, 700, 32, 200, 128, F16, True)
+    out = maxsim.maxsim(Q, D, qm, dm)
+    assert rel_err(out, maxsim_reference(Q, D, qm, dm)) < 1e-5
+    entries = TuningCache(path)._load()
+    assert len(entries) == 1
+    # Another batch size and document length in the same bucket: read from the cache, no tuning.
+    Q2, D2, qm2, dm2 = make(9, 33, 30, 77, 128, F16, True)
+    assert rel_err(maxsim.maxsim(Q2, D2, qm2, dm2), maxsim_reference(Q2, D2, qm2, dm2)) < 1e-5
+    assert len(TuningCache(path)._load()) == 1

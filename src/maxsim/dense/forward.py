@@ -22,7 +22,18 @@ import triton.language as tl
 
 from maxsim._dispatch import interpreting
 from maxsim._launch import launch
-from maxsim._tuning import ForwardConfig, forward_config, multiprocessors, next_pow2
+from maxsim._tuning import (
+    ForwardConfig,
+    autotune_enabled,
+    cuda_timer,
+    forward_config,
+    multiprocessors,
+    neighbour_configs,
+    next_pow2,
+    pick_fastest,
+    tuning_cache,
+    tuning_key,
+)
 
 # Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
 # write cannot pass for a result.
@@ -241,7 +252,9 @@ def maxsim_forward(
         q_mask: bool ``[Nq, Lq]`` or None.  d_mask: bool ``[Nq|1, Nd, Ld]`` or None.
         multiply: PyLate's mask rule instead of exclusion.
         save_argmax: also return the winning document token per query token.
-        config: tile configuration; by default :func:`maxsim._tuning.forward_config`.
+        config: tile configuration; by default :func:`maxsim._tuning.forward_config`'s rule, or
+            with ``MAXSIM_AUTOTUNE=1`` the fastest of its neighbours, timed once per shape bucket
+            and kept in the persistent tuning cache.
 
     Returns:
         scores ``[Nq, Nd]`` fp32 and, with ``save_argmax``, argmax ``[Nq, Nd, Lq]`` int32
@@ -264,42 +277,59 @@ def maxsim_forward(
     D = D if D.stride(-1) == 1 else D.contiguous()
     interpret = interpreting()
     device_index = -1 if interpret else (Q.device.index if Q.device.index is not None else torch.cuda.current_device())
-    cfg = config or forward_config(Nq, Lq, d, Q.dtype, candidates, interpret)
-    seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
+    qm = q_mask.contiguous() if q_mask is not None else None
+    dm = None
+    if d_mask is not None:
+        dm = d_mask if d_mask.stride(-1) == 1 else d_mask.contiguous()
 
+    def run(cfg: ForwardConfig) -> torch.Tensor:
+        return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index)
+
+    if config is None:
+        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret)
+        if autotune_enabled() and not interpret and not torch.cuda.is_current_stream_capturing():
+            flags = f"qm{int(qm is not None)}dm{int(dm is not None)}mul{int(multiply)}n{int(normalize)}a{int(save_argmax)}"
+            key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags)
+            tuned = tuning_cache().get(key)
+            if tuned is None:
+                tuned = pick_fastest(neighbour_configs(config), run, cuda_timer)
+                tuning_cache().put(key, tuned)
+            config = tuned
+    return run(config), argmax
+
+
+def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index):
+    """One launch of the forward kernel with configuration ``cfg``; returns the scores [Nq, Nd]."""
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[1], D.shape[2]
+    candidates = D.shape[0] != 1
+    seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
     out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
         if argmax is not None:
             argmax.fill_(-2)
-    qm = q_mask.contiguous() if q_mask is not None else Q  # any pointer when absent: never read
-    if d_mask is not None:
-        dm = d_mask if d_mask.stride(-1) == 1 else d_mask.contiguous()
-        stride_dmq = dm.stride(0) if dm.shape[0] != 1 else 0
-        stride_dmn = dm.stride(1)
-    else:
-        dm, stride_dmq, stride_dmn = Q, 0, 0
     args = (
-        Q, D, qm, dm, out, argmax if argmax is not None else out,
+        Q, D, qm if qm is not None else Q, dm if dm is not None else Q,  # any pointer when absent
+        out, argmax if argmax is not None else out,
         Nq, Nd, Lq, Ld, d,
         n_chunks, docs_per_program,
         Q.stride(0), Q.stride(1),
-        D.stride(0) if D.shape[0] != 1 else 0, D.stride(1), D.stride(2),
-        stride_dmq, stride_dmn,
+        D.stride(0) if candidates else 0, D.stride(1), D.stride(2),
+        (dm.stride(0) if dm.shape[0] != 1 else 0) if dm is not None else 0,
+        dm.stride(1) if dm is not None else 0,
     )
     constexprs = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
-        HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, MULTIPLY=multiply,
-        NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % cfg.BK == 0),
+        HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply,
+        NORMALIZE=normalize, SAVE_ARGMAX=argmax is not None, EVEN_K=(d % cfg.BK == 0),
         DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
         ROW_MAX=cfg.row_max,
     )
     launch(_maxsim_fwd_kernel, (n_programs,), args, _VALUE_SPECIALIZED, constexprs,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    scores = out[0] if n_chunks == 1 else out.sum(0)
-    return scores, argmax
-
+    return out[0] if n_chunks == 1 else out.sum(0)
 
 
 # Which runtime arguments Triton specialises on their value (see do_not_specialize above).

@@ -1,0 +1,56 @@
+"""The configuration rule's buckets, and the opt-in autotuner's choice and persistent cache."""
+
+import json
+
+import pytest
+import torch
+
+from maxsim import _tuning
+from maxsim._tuning import ForwardConfig, TuningCache, forward_config, neighbour_configs, pick_fastest, tuning_key
+
+
+def test_rule_depends_on_buckets_only():
+    # Same Lq bucket, same stacked-rows bucket -> same configuration (so no new compile).
+    assert forward_config(8, 30, 128, torch.float16, False) == forward_config(64, 32, 128, torch.float16, False)
+    assert forward_config(1, 32, 128, torch.float16, False) != forward_config(32, 32, 128, torch.float16, False)
+    assert tuning_key("k", 9, 17, 128, torch.bfloat16, False, "f") == tuning_key("k", 16, 32, 128, torch.bfloat16, False, "f")
+    assert tuning_key("k", 500, 32, 128, torch.bfloat16, False, "f") == tuning_key("k", 8, 32, 128, torch.bfloat16, False, "f")
+
+
+def test_neighbours_start_with_the_rule_and_are_distinct():
+    rule = forward_config(32, 32, 128, torch.float16, False)
+    cands = neighbour_configs(rule)
+    assert cands[0] == rule and len(cands) == len(set(cands)) >= 4
+
+
+def test_pick_fastest_skips_configs_that_fail():
+    a, b, c = (ForwardConfig(bm, 64, 128, 4, 3) for bm in (32, 64, 128))
+    times = {a: 3.0, b: 1.0}
+
+    def run(cfg):
+        if cfg not in times:
+            raise RuntimeError("out of shared memory")
+        return cfg
+
+    chosen = pick_fastest([a, b, c], run, lambda fn: times[fn()])
+    assert chosen == b
+    with pytest.raises(RuntimeError, match="no candidate configuration ran"):
+        pick_fastest([c], run, lambda fn: times[fn()])
+
+
+def test_cache_persists_across_instances_and_merges(tmp_path):
+    path = tmp_path / "tuning.json"
+    one, two = TuningCache(path), TuningCache(path)
+    cfg = ForwardConfig(256, 64, 128, 8, 3, 8, True)
+    assert one.get("k1") is None
+    one.put("k1", cfg)
+    two.put("k2", ForwardConfig(32, 128, 128, 4, 3))  # another process writes its own key
+    assert TuningCache(path).get("k1") == cfg and TuningCache(path).get("k2").BM == 32
+    assert set(json.loads(path.read_text())) == {"k1", "k2"}
+
+
+def test_default_path_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("MAXSIM_TUNING_CACHE", str(tmp_path / "x.json"))
+    assert TuningCache.default_path() == tmp_path / "x.json"
+    monkeypatch.setenv("MAXSIM_AUTOTUNE", "1")
+    assert _tuning.autotune_enabled()
