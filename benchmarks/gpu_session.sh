@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [tune] [profile] [overhead] [bench] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [tune] [profile] [overhead] [bench] [sweep] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,7 @@ for step in "$@"; do
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
     train) python3 -m maxsim bench --mode train --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
+    sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
     bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac

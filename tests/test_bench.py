@@ -338,3 +338,14 @@ def test_train_shape_set_is_the_specified_one():
         assert cpu.candidates or cpu.nd >= cpu.nq
     # The fp32 reference's gradients fit the budget on every GPU shape (no check is skipped).
     assert all(bench_train.reference_grad_bytes(s) <= bench_train.REF_GRAD_LIMIT_BYTES for s in TRAIN_GPU_SHAPES)
+
+
+def test_sweep_set_covers_the_grid_at_about_a_millisecond():
+    from maxsim.bench.shapes import floor_seconds, shapes_by_name
+
+    sweep = shapes_by_name(["sweep"])
+    assert len(sweep) == 4 * 3 * 3 * 3 and len({s.name for s in sweep}) == len(sweep)
+    assert {(s.nq, s.lq, s.ld, s.d) for s in sweep} >= {(128, 1024, 1024, 768), (1, 32, 128, 64)}
+    for s in sweep:
+        if 16 < s.nd < 200_000:  # not clamped
+            assert 0.9e-3 <= floor_seconds(s) <= 1.1e-3

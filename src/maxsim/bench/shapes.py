@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import itertools
+import math
+
 import torch
 
 # H200 numbers measured on the machine the benchmark targets (not datasheet peaks):
@@ -99,10 +102,29 @@ TRAIN_CPU_SHAPES = [
     Shape("train_colpali_b128_cpu", 4, 4, 256, 512, dtype="bf16"),
 ]
 
+
+
+def _sweep(target_s: float, max_nd: int, nqs, lqs, lds, ds) -> list[Shape]:
+    """Every combination, with Nd set so that each shape's floor is about ``target_s``."""
+    shapes = []
+    for nq, lq, ld, d in itertools.product(nqs, lqs, lds, ds):
+        per_doc = max(ld * d * 2 / HBM_BYTES_PER_S, 2 * nq * lq * ld * d / DENSE_FLOPS_PER_S)
+        nd = int(min(max_nd, max(16, math.ceil(target_s / per_doc))))
+        shapes.append(Shape(f"sweep_q{nq}_lq{lq}_ld{ld}_d{d}", nq, nd, lq, ld, d=d))
+    return shapes
+
+
+# Issue 3's sweep: Lq x Ld x Nq x d, fp16, each shape sized to about 1 ms of floor on the H200.
+SWEEP_GPU_SHAPES = _sweep(1e-3, 200_000, (1, 8, 32, 128), (32, 128, 1024), (128, 300, 1024), (64, 128, 768))
+SWEEP_CPU_SHAPES = [Shape(s.name + "_cpu", s.nq, 4, s.lq, s.ld, d=s.d)
+                    for s in _sweep(1e-3, 16, (1, 8), (32, 128), (128, 300), (64, 128))]
+
 SHAPE_SETS = {
     "forward": (GPU_SHAPES, CPU_SHAPES),
     "train": (TRAIN_GPU_SHAPES, TRAIN_CPU_SHAPES),
 }
+# Shape-set names ``--shapes`` accepts besides single shapes (forward mode).
+NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES}
 
 
 def default_shapes(device: str, mode: str = "forward") -> list[Shape]:
@@ -115,10 +137,12 @@ def shapes_by_name(names: list[str]) -> list[Shape]:
     """Look names up in every set, of every mode (so a quick GPU smoke run can use the ``_cpu``
     shapes, and the forward mode can time the training shapes)."""
     known = {s.name: s for sets in SHAPE_SETS.values() for shape_set in sets for s in shape_set}
-    unknown = [n for n in names if n not in known]
+    known.update({s.name: s for shape_set in NAMED_SETS.values() for s in shape_set})
+    unknown = [n for n in names if n not in known and n not in NAMED_SETS]
     if unknown:
-        raise ValueError(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return [known[n] for n in names]
+        sets = ", ".join(NAMED_SETS)
+        raise ValueError(f"unknown shape(s) {', '.join(unknown)}; known: the sets {sets}, or {', '.join(known)}")
+    return [s for n in names for s in (NAMED_SETS[n] if n in NAMED_SETS else [known[n]])]
 
 
 def prefix_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
