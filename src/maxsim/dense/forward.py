@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import interpreting
+from maxsim._kernels import max_nan
 from maxsim._launch import launch
 from maxsim._tuning import (
     ForwardConfig,
@@ -38,12 +39,6 @@ from maxsim._tuning import (
 # Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
 # write cannot pass for a result.
 POISON_OUTPUTS = False
-
-
-@triton.jit
-def _max_nan(a, b):
-    # A NaN that takes part in a max makes the max NaN (IEEE fmax would drop it).
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -91,6 +86,8 @@ def _maxsim_fwd_kernel(
 ):
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
+    # The same row mapping as maxsim._kernels.stacked_rows, written out: this is the form that
+    # was measured on the H200 (BENCHMARKS.md).
     n_mblocks = tl.cdiv(Nq, QPB) * n_chunks
     i_pid = tl.program_id(0)
     # Row blocks vary fastest so that the programs reading one document run together (L2 reuse).
@@ -189,14 +186,14 @@ def _maxsim_fwd_kernel(
             b_max = tl.where(upd, b_s, b_max)
             b_arg = tl.where(upd, i_t, b_arg)
         elif ELEMENTWISE:
-            b_max = _max_nan(b_max, b_s)
+            b_max = max_nan(b_max, b_s)
         else:
-            b_max = _max_nan(b_max, tl.reduce(b_s, 1, _max_nan))
+            b_max = max_nan(b_max, tl.reduce(b_s, 1, max_nan))
 
         if i_t == n_tiles - 1:
             # Document j is complete: one max per query token, one sum per query.
             if ELEMENTWISE:
-                b_rowmax = tl.reduce(b_max, 1, _max_nan)  # [BM]
+                b_rowmax = tl.reduce(b_max, 1, max_nan)  # [BM]
             else:
                 b_rowmax = b_max
             b_best = b_rowmax

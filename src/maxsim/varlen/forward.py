@@ -22,13 +22,9 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import interpreting
+from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim._tuning import multiprocessors, next_pow2
-
-
-@triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -80,7 +76,7 @@ def _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim,
             else:
                 b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
         b_s = tl.where(m_t[None, :], b_s, NEG_INF)
-        b_tmax = tl.reduce(b_s, 1, _max_nan)  # [BM]
+        b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
         if SAVE_ARGMAX:
             is_max = (b_s == b_tmax[:, None]) | (b_s != b_s)
             b_targ = tl.min(tl.where(is_max, o_n[None, :], BN), axis=1)  # first winner in the tile
@@ -89,7 +85,7 @@ def _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim,
             b_arg = tl.where(upd, (t0 - d_lo).to(tl.int32) + b_targ, b_arg)
             b_max = tl.where(upd, b_tmax, b_max)
         else:
-            b_max = _max_nan(b_max, b_tmax)
+            b_max = max_nan(b_max, b_tmax)
     return b_max, b_arg
 
 
@@ -114,15 +110,7 @@ def _maxsim_varlen_cross_kernel(
     """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial
     sums per query chunk); argmax int32 [Nd * Nq, max_q] (pair p = j * Nq + i)."""
     QPB: tl.constexpr = BM // SEG  # queries per block
-    n_mblocks = tl.cdiv(Nq, QPB) * n_chunks
-    i_pid = tl.program_id(0)
-    i_m = i_pid % n_mblocks  # row blocks vary fastest: programs sharing documents run together
-    i_n = i_pid // n_mblocks
-    i_qgroup = i_m // n_chunks
-    i_chunk = i_m % n_chunks
-    o_r = tl.arange(0, BM)
-    o_q = i_qgroup * QPB + o_r // SEG  # [BM] query of each row
-    o_s = i_chunk * SEG + o_r % SEG  # [BM] token of each row
+    i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
     m_q = o_q < Nq
     q_lo = tl.load(cuq_ptr + o_q, mask=m_q, other=0)
     q_hi = tl.minimum(tl.load(cuq_ptr + o_q + 1, mask=m_q, other=0), Tq)
