@@ -184,7 +184,7 @@ def _maxsim_fwd_kernel(
             # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
             upd = (b_s > b_max) | ((b_s != b_s) & (b_max == b_max))
             b_max = tl.where(upd, b_s, b_max)
-            b_arg = tl.where(upd, i_t, b_arg)
+            b_arg = tl.where(upd, i_t.to(tl.int32), b_arg)
         elif ELEMENTWISE:
             b_max = max_nan(b_max, b_s)
         else:

@@ -69,12 +69,14 @@ def _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim,
                 b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
             else:
                 b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
-            if NUM_K > 1:
-                b_q = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
-            if DOT_UPCAST:
-                b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            if NUM_K > 1:  # wide d: this chunk of the query rows (a new name: b_q is not loop-carried)
+                b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
             else:
-                b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+                b_qk = b_q
+            if DOT_UPCAST:
+                b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            else:
+                b_s = tl.dot(b_qk, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
         b_s = tl.where(m_t[None, :], b_s, NEG_INF)
         b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
         if SAVE_ARGMAX:
@@ -95,9 +97,12 @@ def _load_query_block(p_q, m_row, dim, BK: tl.constexpr, NUM_K: tl.constexpr, EV
     o_k = tl.arange(0, BK)
     if NUM_K == 1:
         if EVEN_K:
-            return tl.load(p_q + o_k[None, :], mask=m_row[:, None], other=0.0)
-        return tl.load(p_q + o_k[None, :], mask=m_row[:, None] & (o_k < dim)[None, :], other=0.0)
-    return tl.zeros([1, BK], dtype=p_q.dtype.element_ty)
+            b_q = tl.load(p_q + o_k[None, :], mask=m_row[:, None], other=0.0)
+        else:
+            b_q = tl.load(p_q + o_k[None, :], mask=m_row[:, None] & (o_k < dim)[None, :], other=0.0)
+    else:
+        b_q = tl.zeros([1, BK], dtype=p_q.dtype.element_ty)
+    return b_q
 
 
 @triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q"])

@@ -1,0 +1,153 @@
+"""Compile every kernel variant maxsim launches for Hopper (sm_90) on a machine with no GPU.
+
+Run it without TRITON_INTERPRET (the interpreter replaces the kernels with Python functions).
+
+    python tests/compile_check.py          (tests/test_compile_sm90.py runs the same in CI)
+
+Triton's front end and the ptxas it ships run on the CPU, so a compile error, a loop-carried
+type change, or a tile that overflows shared memory or spills registers shows up here before any
+device time is spent. Prints one row per variant: shared memory, registers and spills (ptxas -v),
+and whether the tensor-core dot became wgmma. Exits non-zero if a variant fails to compile.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from maxsim.dense.backward import _maxsim_bwd_gather_kernel, _maxsim_bwd_owned_kernel
+from maxsim.dense.forward import _maxsim_fwd_kernel
+from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
+from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def compile_variant(kernel, pointers: dict, constexprs: dict, num_warps: int, num_stages: int = 3):
+    """Compile ``kernel`` with the given pointer element types and constexprs. Integers are i32,
+    as Triton types them for values below 2**31 (it switches to i64 above)."""
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = "*" + pointers[name]
+        else:
+            signature[name] = "i32"
+    consts = {(kernel.arg_names.index(k),): v for k, v in constexprs.items()}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=consts)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def ptxas_report(ptx: str) -> str:
+    """Registers and spill bytes of the kernel's PTX, from the bundled ptxas."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        res = subprocess.run([PTXAS, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return f"regs {regs.group(1) if regs else '?':>3s}  spill {spills.group(1) if spills else '?':>4s} B"
+
+
+def dense_forward_variants():
+    base = dict(BM=256, BN=64, BK=128, NUM_K=1, SEG=32, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
+                NORMALIZE=False, SAVE_ARGMAX=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False,
+                ROW_MAX=True)
+    ptrs = dict(q_ptr="fp16", d_ptr="fp16", qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32")
+    yield "fwd short stacked (32q x 100K)", base, ptrs, 8, 3
+    yield "fwd long query (ColPali)", dict(base, BN=128, SEG=256), ptrs, 8, 3
+    yield "fwd 128 rows running max", dict(base, BM=128, SEG=128, ROW_MAX=False), ptrs, 8, 3
+    yield "fwd one query (bandwidth)", dict(base, BM=32, BN=128, ROW_MAX=False), ptrs, 4, 3
+    yield "fwd d=768", dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32), ptrs, 4, 3
+    yield "fwd masks+multiply+normalize", dict(base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), ptrs, 8, 3
+    yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
+    yield "fwd fp32 ieee", dict(base, BM=128, BN=32, BK=64, NUM_K=2, SEG=32, DOT_PRECISION="ieee", ROW_MAX=False), \
+        dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 4, 2
+
+
+def backward_variants():
+    gptrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", arg_ptr="i32", qinv_ptr="fp32", dinv_ptr="fp32",
+                 gq_ptr="bf16", gd_ptr="fp32")
+    for cand, norm, scatter in [(False, False, True), (False, True, True), (True, False, False), (True, True, False)]:
+        c = dict(BS=16, BD=128, CANDIDATES=cand, NORMALIZE=norm, SCATTER_D=scatter)
+        yield f"bwd gather cand={cand} norm={norm} scatter={scatter}", _maxsim_bwd_gather_kernel, c, gptrs, 4
+    yield "bwd gather d=1024", _maxsim_bwd_gather_kernel, dict(BS=8, BD=1024, CANDIDATES=False, NORMALIZE=False,
+                                                              SCATTER_D=True), gptrs, 8
+    optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i64", rowptr_ptr="i64", dinv_ptr="fp32",
+                 qinv_ptr="fp32", gd_ptr="bf16")
+    for cand, norm in [(False, False), (True, True)]:
+        yield f"bwd owned cand={cand} norm={norm}", _maxsim_bwd_owned_kernel, dict(BD=128, CANDIDATES=cand,
+                                                                                   NORMALIZE=norm), optrs, 1
+
+
+def varlen_variants():
+    vc = dict(BM=256, BN=64, BK=128, NUM_K=1, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False, SAVE_ARGMAX=False)
+    cptrs = dict(q_ptr="fp16", d_ptr="fp16", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32", arg_ptr="i32")
+    yield "varlen cross", _maxsim_varlen_cross_kernel, dict(vc, SEG=32), cptrs, 8
+    yield "varlen cross argmax, d=768", _maxsim_varlen_cross_kernel, dict(vc, BM=128, BK=64, NUM_K=12, SEG=32,
+                                                                         SAVE_ARGMAX=True), cptrs, 4
+    pptrs = dict(cptrs, pq_ptr="i64", pd_ptr="i64")
+    yield "pairs", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128), pptrs, 4
+    yield "pairs argmax", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128, SAVE_ARGMAX=True), pptrs, 4
+    bptrs = dict(q_ptr="bf16", d_ptr="bf16", cuq_ptr="i64", cud_ptr="i64", pq_ptr="i64", pd_ptr="i64",
+                 arg_ptr="i32", g_ptr="fp32", gq_ptr="fp32", gd_ptr="fp32")
+    yield "varlen bwd atomic", _varlen_bwd_atomic_kernel, dict(BR=16, BD=128, CROSS=True), bptrs, 4
+    optrs = dict(bptrs, order_ptr="i64", rowptr_ptr="i64", out_ptr="bf16")
+    for to_q in (True, False):
+        yield f"varlen bwd owned to_q={to_q}", _varlen_bwd_owned_kernel, dict(BD=128, CROSS=False, TO_Q=to_q), optrs, 1
+
+
+# Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
+EXPECT_WGMMA = {
+    "fwd short stacked (32q x 100K)", "fwd long query (ColPali)", "fwd 128 rows running max", "fwd d=768",
+    "fwd masks+multiply+normalize", "fwd argmax (training)", "varlen cross", "varlen cross argmax, d=768",
+}
+
+
+def all_variants():
+    """(name, kernel, constexprs, pointer types, num_warps, num_stages) for every checked variant."""
+    jobs = [(name, _maxsim_fwd_kernel, c, p, w, s) for name, c, p, w, s in dense_forward_variants()]
+    jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in backward_variants()]
+    jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in varlen_variants()]
+    return jobs
+
+
+def main() -> int:
+    rows, failed = [], 0
+    for name, kernel, consts, ptrs, warps, stages in all_variants():
+        try:
+            k = compile_variant(kernel, ptrs, consts, warps, stages)
+            ptx = k.asm["ptx"]
+            problems = []
+            if ".target sm_90" not in ptx:
+                problems.append("not built for sm_90")
+            if k.metadata.shared > 227 * 1024:
+                problems.append("over Hopper's 227 KB of shared memory per block")
+            if name in EXPECT_WGMMA and "wgmma" not in ptx:
+                problems.append("the dot no longer lowers to wgmma")
+            status = "FAIL" if problems else "ok"
+            failed += bool(problems)
+            rows.append(f"{name:40s} {status:5s} smem {k.metadata.shared / 1024:6.1f} KB  {ptxas_report(ptx)}  "
+                        f"wgmma {'yes' if 'wgmma' in ptx else 'no':3s} {'; '.join(problems)}")
+        except Exception as e:  # noqa: BLE001 - report every failing variant, then fail
+            failed += 1
+            msg = str(e).strip().splitlines()
+            rows.append(f"{name:40s} FAIL  {type(e).__name__}: {(msg[-1] if msg else '')[:150]}")
+        print(rows[-1], flush=True)
+    print(f"\n{len(rows) - failed} compiled, {failed} failed (target sm_90, triton {triton.__version__})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
