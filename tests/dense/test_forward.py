@@ -160,9 +160,13 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
     d_mask = torch.rand(4, 70, device=KERNEL_DEVICE) > 0.3
     d_mask[2] = False
     cfg = ForwardConfig(BM=bm, BN=bn, BK=32, num_warps=4, num_stages=1, waves=1, row_max=row_max)
-    out, _ = maxsim_forward(Q, D[None], q_mask, d_mask[None], config=cfg)
-    ref, _ = oracle(Q, D, q_mask, d_mask)
-    assert torch.equal(out.double().cpu(), ref)
+    D[:, 40] = D[:, 3]  # exact ties across tiles
+    ref, ref_arg = oracle(Q, D, q_mask, d_mask)
+    for save_argmax in (False, True):
+        out, arg = maxsim_forward(Q, D[None], q_mask, d_mask[None], save_argmax=save_argmax, config=cfg)
+        assert torch.equal(out.double().cpu(), ref)
+        if save_argmax:
+            assert torch.equal(arg.long().cpu(), ref_arg)
 
 
 def test_random_shapes_and_masks_fuzz():

@@ -130,14 +130,16 @@ def _maxsim_fwd_kernel(
 
     # Running max: per (row, column) folded elementwise (one max per element, reduced across
     # columns once per document) or, with ROW_MAX, reduced to one value per row after every tile
-    # (half the registers, so wider tiles fit). The argmax needs the per-column form.
-    ELEMENTWISE: tl.constexpr = SAVE_ARGMAX or not ROW_MAX
+    # (half the registers, so wider tiles fit; with the argmax, a third).
+    ELEMENTWISE: tl.constexpr = not ROW_MAX
     if ELEMENTWISE:
         b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+        if SAVE_ARGMAX:
+            b_arg = tl.zeros([BM, BN], dtype=tl.int32)  # tile index where b_max was reached
     else:
         b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
-    if SAVE_ARGMAX:
-        b_arg = tl.zeros([BM, BN], dtype=tl.int32)  # tile index where b_max was reached
+        if SAVE_ARGMAX:
+            b_arg = tl.zeros([BM], dtype=tl.int32)  # token index where b_max was reached
     if HAS_DMASK:
         b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far
 
@@ -180,13 +182,20 @@ def _maxsim_fwd_kernel(
             # Only the ragged last tile pays for the bounds mask.
             b_s = tl.where(m_t[None, :], b_s, NEG_INF)
 
-        if SAVE_ARGMAX:
-            # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
+        # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
+        if ELEMENTWISE and SAVE_ARGMAX:
             upd = (b_s > b_max) | ((b_s != b_s) & (b_max == b_max))
             b_max = tl.where(upd, b_s, b_max)
             b_arg = tl.where(upd, i_t.to(tl.int32), b_arg)
         elif ELEMENTWISE:
             b_max = max_nan(b_max, b_s)
+        elif SAVE_ARGMAX:
+            b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
+            is_tmax = (b_s == b_tmax[:, None]) | (b_s != b_s)
+            b_targ = tl.min(tl.where(is_tmax, o_n[None, :], BN), axis=1)  # first winner in the tile
+            upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
+            b_arg = tl.where(upd, (i_t * BN).to(tl.int32) + b_targ, b_arg)
+            b_max = tl.where(upd, b_tmax, b_max)
         else:
             b_max = max_nan(b_max, tl.reduce(b_s, 1, max_nan))
 
@@ -210,9 +219,12 @@ def _maxsim_fwd_kernel(
             p_out = out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j
             tl.store(p_out, b_score, mask=o_qb < Nq)
             if SAVE_ARGMAX:
-                is_max = (b_max == b_rowmax[:, None]) | (b_max != b_max)
-                o_tok = b_arg * BN + o_n[None, :]
-                b_idx = tl.min(tl.where(is_max, o_tok, 2147483647), axis=1)  # lowest index among ties
+                if ELEMENTWISE:
+                    is_max = (b_max == b_rowmax[:, None]) | (b_max != b_max)
+                    o_tok = b_arg * BN + o_n[None, :]
+                    b_idx = tl.min(tl.where(is_max, o_tok, 2147483647), axis=1)  # lowest index among ties
+                else:
+                    b_idx = b_arg
                 m_arg = m_row
                 if HAS_QMASK:
                     m_arg = m_arg & b_qm
@@ -223,10 +235,12 @@ def _maxsim_fwd_kernel(
                 tl.store(p_arg, b_idx, mask=m_row)
             if ELEMENTWISE:
                 b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+                if SAVE_ARGMAX:
+                    b_arg = tl.zeros([BM, BN], dtype=tl.int32)
             else:
                 b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
-            if SAVE_ARGMAX:
-                b_arg = tl.zeros([BM, BN], dtype=tl.int32)
+                if SAVE_ARGMAX:
+                    b_arg = tl.zeros([BM], dtype=tl.int32)
             if HAS_DMASK:
                 b_seen = tl.zeros([BN], dtype=tl.int32)
 
