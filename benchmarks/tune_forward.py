@@ -38,18 +38,6 @@ def candidate_configs(shape, dtype):
         yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3, row_max=True)
 
 
-def describe_compiled():
-    """Registers, spills, shared memory and whether wgmma is used, for every compiled variant."""
-    from maxsim.dense.forward import _maxsim_fwd_kernel
-
-    for dev, caches in getattr(_maxsim_fwd_kernel, "device_caches", {}).items():
-        for key, k in caches[0].items():
-            ptx = k.asm.get("ptx", "")
-            print(f"  compiled: regs={k.n_regs} spills={k.n_spills} smem={k.metadata.shared} "
-                  f"warps={k.metadata.num_warps} stages={k.metadata.num_stages} wgmma={'wgmma' in ptx} "
-                  f"mma.sync={'mma.sync' in ptx} key={str(key)[-160:]}")
-
-
 def time_config(Q, D, qm, dm, cfg):
     fn = lambda: maxsim_forward(Q, D, qm, dm, config=cfg)  # noqa: E731
     fn()
@@ -102,7 +90,6 @@ def main(argv=None):
               f"{best}, err {err:.2e}", flush=True)
         del Q, D, D4, qm, dm
         torch.cuda.empty_cache()
-    describe_compiled()
     print("\nshape               floor_ms  default_ms  %floor  best_ms  %floor  best config")
     for name, floor_ms, dms, dcfg, bms, bcfg, err in summary:
         print(f"{name:18s} {floor_ms:9.3f} {dms:10.3f} {100 * floor_ms / dms:6.1f}% {bms:8.3f} "

@@ -14,7 +14,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MASK_MODES = ("exclude", "multiply")
 
 
-def _shape(t: torch.Tensor) -> str:
+def shape_str(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
@@ -63,7 +63,7 @@ def as_bool_mask(name: str, mask, expected_shape: tuple[int, ...], device: torch
         raise TypeError(f"maxsim: {name} must be a torch.Tensor or None; got {type(mask).__name__}")
     if tuple(mask.shape) != tuple(expected_shape):
         want = "[" + ", ".join(str(s) for s in expected_shape) + "]"
-        raise ValueError(f"maxsim: {name} must have shape {want}; got {_shape(mask)}")
+        raise ValueError(f"maxsim: {name} must have shape {want}; got {shape_str(mask)}")
     if mask.device != device:
         raise ValueError(f"maxsim: {name} is on {mask.device} but Q and D are on {device}")
     if mask.dtype == torch.bool:
@@ -85,10 +85,10 @@ def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude") 
     if mask_mode not in MASK_MODES:
         raise ValueError(f"maxsim: mask_mode must be 'exclude' or 'multiply'; got {mask_mode!r}")
     if Q.dim() not in (2, 3):
-        raise ValueError(f"maxsim: Q must have shape [Nq, Lq, d] or [Lq, d]; got {_shape(Q)}")
+        raise ValueError(f"maxsim: Q must have shape [Nq, Lq, d] or [Lq, d]; got {shape_str(Q)}")
     if D.dim() not in (2, 3, 4):
         raise ValueError(
-            f"maxsim: D must have shape [Nd, Ld, d], [Nq, K, Ld, d] or [Ld, d]; got {_shape(D)}"
+            f"maxsim: D must have shape [Nd, Ld, d], [Nq, K, Ld, d] or [Ld, d]; got {shape_str(D)}"
         )
     if Q.dtype != D.dtype:
         raise TypeError(
@@ -99,11 +99,11 @@ def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude") 
         raise ValueError(f"maxsim: Q and D must be on the same device; got Q on {Q.device} and D on {D.device}")
     if Q.shape[-1] != D.shape[-1]:
         raise ValueError(
-            f"maxsim: Q and D must have the same embedding dim d; got Q {_shape(Q)} (d={Q.shape[-1]}) "
-            f"and D {_shape(D)} (d={D.shape[-1]})"
+            f"maxsim: Q and D must have the same embedding dim d; got Q {shape_str(Q)} (d={Q.shape[-1]}) "
+            f"and D {shape_str(D)} (d={D.shape[-1]})"
         )
     if Q.shape[-1] == 0:
-        raise ValueError(f"maxsim: the embedding dim d must be at least 1; got Q {_shape(Q)}")
+        raise ValueError(f"maxsim: the embedding dim d must be at least 1; got Q {shape_str(Q)}")
 
     squeeze_q = Q.dim() == 2
     Q3 = Q.unsqueeze(0) if squeeze_q else Q  # [Nq, Lq, d]
@@ -113,11 +113,11 @@ def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude") 
     if candidates:
         if squeeze_q:
             raise ValueError(
-                f"maxsim: a 4-D D [Nq, K, Ld, d] needs a 3-D Q [Nq, Lq, d]; got Q {_shape(Q)}"
+                f"maxsim: a 4-D D [Nq, K, Ld, d] needs a 3-D Q [Nq, Lq, d]; got Q {shape_str(Q)}"
             )
         if D.shape[0] != Nq:
             raise ValueError(
-                f"maxsim: D [Nq, K, Ld, d] must have one candidate list per query (Nq={Nq}); got D {_shape(D)}"
+                f"maxsim: D [Nq, K, Ld, d] must have one candidate list per query (Nq={Nq}); got D {shape_str(D)}"
             )
         D4 = D
     elif squeeze_d:

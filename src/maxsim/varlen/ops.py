@@ -95,7 +95,7 @@ def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
 def _check_packed(name: str, x: torch.Tensor) -> None:
     _checks.check_dtype(name, x)
     if x.dim() != 2:
-        raise ValueError(f"maxsim: {name} must be packed as [total_tokens, d]; got {_checks._shape(x)}")
+        raise ValueError(f"maxsim: {name} must be packed as [total_tokens, d]; got {_checks.shape_str(x)}")
 
 
 def _check_cu(name: str, cu, total: int, device: torch.device, check_values: bool) -> torch.Tensor:
@@ -109,7 +109,7 @@ def _check_cu(name: str, cu, total: int, device: torch.device, check_values: boo
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"maxsim: {name} must be int32 or int64; got {str(cu.dtype).replace('torch.', '')}")
     if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"maxsim: {name} must be 1-D [N + 1]; got {_checks._shape(cu)}")
+        raise ValueError(f"maxsim: {name} must be 1-D [N + 1]; got {_checks.shape_str(cu)}")
     if cu.device != device:
         raise ValueError(f"maxsim: {name} is on {cu.device} but the packed tensors are on {device}")
     if check_values:
