@@ -16,17 +16,17 @@ import sys
 import torch
 import triton
 
-from maxsim._tuning import ForwardConfig, forward_config
+from maxsim._tuning import ForwardConfig, forward_config, next_pow2
 from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs
 from maxsim.dense.forward import maxsim_forward
 from maxsim.reference import maxsim_reference
 
 
 def candidate_configs(shape, dtype):
-    seg = triton.next_power_of_2(shape.lq)
-    rows = seg * triton.next_power_of_2(shape.nq)
+    seg = next_pow2(shape.lq)
+    rows = seg * next_pow2(shape.nq)
     bms = sorted({min(max(16, rows), bm) for bm in (32, 64, 128, 256)})
-    bks = (64, 128) if shape.d > 128 else (min(128, max(16, triton.next_power_of_2(shape.d))),)
+    bks = (64, 128) if shape.d > 128 else (min(128, max(16, next_pow2(shape.d))),)
     for bm, bn, warps, bk in itertools.product(bms, (32, 64, 128), (4, 8), bks):
         if bm * bn > 256 * 64 or (bm == 256 and warps == 4):
             continue

@@ -125,7 +125,7 @@ def _check_cu(name: str, cu, total: int, device: torch.device, check_values: boo
 
 
 def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
-    """Ragged lists -> packed; validation; the max query length (a host read only when not given)."""
+    """Ragged lists -> packed; validation; the max query length (read on the host only when not given)."""
     if isinstance(q, (list, tuple)):
         if cu_seqlens_q is not None:
             raise ValueError("maxsim: pass either a list of query tensors or packed q with cu_seqlens_q, not both")
@@ -146,10 +146,15 @@ def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
     cu_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, not trusted)
     cu_d = _check_cu("cu_seqlens_d", cu_seqlens_d, d.shape[0], d.device, not trusted)
     if max_seqlen_q is None:
-        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
-    if max_seqlen_d is None:
-        max_seqlen_d = int((cu_d[1:] - cu_d[:-1]).max()) if cu_d.numel() > 1 else 0
-    return q.contiguous(), d.contiguous(), cu_q, cu_d, int(max_seqlen_q), int(max_seqlen_d)
+        max_seqlen_q = _max_length(cu_q)
+    # The kernels need only the query bound; the document bound is the caller's promise (and,
+    # with max_seqlen_q, the switch that skips host reads), read by the reference alone.
+    return q.contiguous(), d.contiguous(), cu_q, cu_d, int(max_seqlen_q)
+
+
+def _max_length(cu: torch.Tensor) -> int:
+    """The longest sequence of ``cu`` (a host read)."""
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
 def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None, *,
@@ -171,7 +176,7 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         ``maxsim.maxsim`` on the padded tensors with masks (``maxsim.pad``), with work
         proportional to the real tokens. Differentiable in q and d (through a list's tensors too).
     """
-    q, d, cu_q, cu_d, max_q, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+    q, d, cu_q, cu_d, max_q = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
     if backend_for(q.device) == "reference":
         return _reference(q, d, cu_q, cu_d, max_q)
     return _run(q, d, cu_q, cu_d, max_q, None, None, backward)
@@ -191,7 +196,7 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
     Returns:
         ``[P]`` fp32, differentiable in q and d.
     """
-    q, d, cu_q, cu_d, max_q, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+    q, d, cu_q, cu_d, max_q = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
     for name, idx, n in (("pair_q", pair_q, Nq), ("pair_d", pair_d, Nd)):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int32, torch.int64) or idx.dim() != 1:
@@ -213,7 +218,6 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
 
 def _reference(q, d, cu_q, cu_d, max_q):
     """The contract in PyTorch: pad with masks and use the dense reference."""
-    max_d = int((cu_d[1:] - cu_d[:-1]).max()) if cu_d.numel() > 1 else 0
     Qp, qm = packed_to_padded(q, cu_q, max_q)
-    Dp, dm = packed_to_padded(d, cu_d, max_d)
+    Dp, dm = packed_to_padded(d, cu_d, _max_length(cu_d))
     return reference.maxsim_reference(Qp, Dp, qm, dm)
