@@ -15,10 +15,11 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 status=0
 for step in "$@"; do
   case "$step" in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/dense tests/test_reference.py tests/test_checks.py -rs 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py tests -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     tune)  python3 benchmarks/tune_forward.py 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
     profile) python3 benchmarks/profile_small.py 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
+    bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;
     train) python3 -m maxsim bench --mode train --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
     sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;

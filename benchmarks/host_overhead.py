@@ -10,6 +10,7 @@ import torch
 import triton
 
 import maxsim
+from maxsim import _launch
 from maxsim.bench.shapes import GPU_SHAPES, make_inputs
 
 
@@ -40,7 +41,7 @@ def main():
         graph_us = triton.testing.do_bench(g.replay, warmup=20, rep=100, return_mode="median") * 1e3
         ok = torch.allclose(out, maxsim.maxsim(Q, D, qm, dm))
         print(f"{name}: {wall_us:.1f} us per call back to back, {graph_us:.1f} us per graph replay "
-              f"(graph scores match: {ok})")
+              f"(graph scores match: {ok}; thin launch path on: {_launch._FAST_PATH['enabled']})")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,36 @@ def test_argmax_exact_with_integer_inputs():
     assert torch.equal(out, ref) and torch.equal(arg, ref_arg)
 
 
+# One shape per branch of the tile rule (maxsim._tuning.forward_config), both layouts.
+ARGMAX_REGIMES = [
+    (64, 64, 32, 180, 128, False),  # BM=256, BN=64, per-tile row max
+    (16, 16, 128, 1024, 128, False),  # BM=256, BN=128, per-tile row max
+    (4, 100, 32, 300, 128, False),  # BM=128, running [BM, BN] max
+    (1, 100, 32, 300, 128, False),  # small BM, running max
+    (8, 64, 32, 128, 768, False),  # d > 128: K loop, row max
+    (16, 32, 32, 300, 128, True),  # candidate lists
+]
+
+
+@pytest.mark.parametrize("regime", ARGMAX_REGIMES, ids=[str(r) for r in ARGMAX_REGIMES])
+@pytest.mark.parametrize("masks", ["none", "q", "d", "qd"])
+@pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
+def test_argmax_exact_in_every_regime(regime, masks, mask_mode):
+    # Integer-valued inputs: every dot is exact, ties are frequent, so scores and argmax (lowest
+    # index among ties) must match the reference bit for bit.
+    nq, nd, lq, ld, d, cand = regime
+    Q = torch.randint(-2, 3, (nq, lq, d), device="cuda").to(BF16)
+    dshape = (nq, nd, ld, d) if cand else (nd, ld, d)
+    D = torch.randint(-2, 3, dshape, device="cuda").to(BF16)
+    qm = torch.rand(nq, lq, device="cuda") > 0.2 if "q" in masks else None
+    dm = torch.rand(dshape[:-1], device="cuda") > 0.3 if "d" in masks else None
+    out, arg = maxsim.maxsim(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
+    ref, ref_arg = maxsim_reference(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
+    bad = (arg != ref_arg).nonzero()
+    assert torch.equal(out, ref), (out - ref).abs().max()
+    assert bad.numel() == 0, f"{len(bad)} argmax mismatches, first {bad[:4].tolist()}: {arg[tuple(bad[:4].T)].tolist()} vs {ref_arg[tuple(bad[:4].T)].tolist()}"
+
+
 def test_more_than_2_31_elements():
     # 100K documents x 300 tokens x 128 dims = 3.84e9 elements (7.7 GB): int64 addressing.
     Nd, Ld, d = 100_000, 300, 128

@@ -131,6 +131,12 @@ def _maxsim_bwd_owned_kernel(
     tl.store(gd_ptr + (doc * Ld + t) * dim + o_d, b_acc.to(gd_ptr.dtype.element_ty), mask=m_d)
 
 
+def gather_config(Lq: int, BD: int) -> tuple[int, int]:
+    """(query tokens per program, warps) of the gather kernel."""
+    BS = max(1, min(16, next_pow2(Lq), 8192 // BD))
+    return BS, 4 if BS * BD <= 4096 else 8
+
+
 def _inverse_norms(x: torch.Tensor) -> torch.Tensor:
     """1 / max(|x|, 1e-12) over the last dim, in fp32, without an fp32 copy of x."""
     return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).clamp_min(1e-12).reciprocal().contiguous()
@@ -169,7 +175,7 @@ def maxsim_backward(
     qinv = _inverse_norms(Q) if normalize else g  # any tensor when unused
     dinv = _inverse_norms(D) if normalize else g
     BD = max(16, next_pow2(d))
-    BS = max(1, min(16, next_pow2(Lq), 8192 // BD))
+    BS, gather_warps = gather_config(Lq, BD)
     stride_dq = D.stride(0) if candidates else 0
     unified = strategy == "unified"
     gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
@@ -178,7 +184,7 @@ def maxsim_backward(
         Nq, Nd, Lq, Ld, d,
         stride_dq, D.stride(1), D.stride(2),
         BS=BS, BD=BD, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified,
-        num_warps=4 if BS * BD <= 4096 else 8,
+        num_warps=gather_warps,
     )
     if unified:
         if normalize:
