@@ -4,6 +4,8 @@ never the bottleneck, against the kernel's own time inside a CUDA graph.
     python benchmarks/host_overhead.py
 """
 
+import cProfile
+import pstats
 import time
 
 import torch
@@ -40,6 +42,13 @@ def main():
         torch.cuda.synchronize()
         graph_us = triton.testing.do_bench(g.replay, warmup=20, rep=100, return_mode="median") * 1e3
         ok = torch.allclose(out, maxsim.maxsim(Q, D, qm, dm))
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
         print(f"{name}: {wall_us:.1f} us per call back to back, {graph_us:.1f} us per graph replay "
               f"(graph scores match: {ok}; thin launch path on: {_launch._FAST_PATH['enabled']})")
 

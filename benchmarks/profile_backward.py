@@ -40,6 +40,17 @@ def main():
             ("lowmem", lambda q, d: maxsim.maxsim(q, d, backward="lowmem")),
         ]:
             total, lines = kernels_of_step(fn, (Q, D), (Q, D), labels)
+            if name == "unified" and shape.candidates:
+                # Host side of a step (the GPU finishes in a fraction of it on this shape).
+                import cProfile
+                import pstats
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(50):
+                    train_step(fn, (Q, D), (Q, D), labels)
+                prof.disable()
+                torch.cuda.synchronize()
+                pstats.Stats(prof).sort_stats("tottime").print_stats(15)
             print(f"{shape.name} {name}: {total:.1f} us of kernels per step")
             print("\n".join(lines))
 
@@ -54,8 +65,8 @@ def main():
         for strategy in ("unified", "lowmem"):
             results = []
             for BS in (8, 16, 32):
-                for warps in (2, 4, 8):
-                    B.gather_config = lambda Lq, BD, BS=BS, warps=warps: (min(BS, triton.next_power_of_2(Lq)), warps)
+                for warps in (4, 8):
+                    B.gather_config = lambda Lq, BD, cand, BS=BS, warps=warps: (min(BS, triton.next_power_of_2(Lq)), warps)
                     try:
                         fn = lambda: B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy=strategy)  # noqa: E731
                         gq, gd = fn()
@@ -66,7 +77,7 @@ def main():
                         results.append((float("inf"), BS, warps, repr(e)[:60]))
             B.gather_config = base
             results.sort(key=lambda r: r[0])
-            rule = B.gather_config(shape.lq, 128)
+            rule = B.gather_config(shape.lq, 128, shape.candidates)
             print(f"{shape.name} backward {strategy}: rule BS,warps={rule}; best: "
                   + "; ".join(f"BS{bs} w{w} {ms * 1e3:.0f}us ok={ok}" for ms, bs, w, ok in results[:5]))
 

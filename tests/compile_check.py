@@ -77,8 +77,11 @@ def dense_forward_variants():
     yield "fwd d=768", dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32), ptrs, 4, 3
     yield "fwd masks+multiply+normalize", dict(base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), ptrs, 8, 3
     yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
-    yield "fwd argmax in-batch 128-token queries", dict(base, BN=128, SEG=128, SAVE_ARGMAX=True), \
+    yield "fwd argmax in-batch 128-token queries", dict(base, BN=64, SEG=128, SAVE_ARGMAX=True), \
         dict(ptrs, q_ptr="bf16", d_ptr="bf16"), 8, 3
+    yield "fwd argmax d=768 normalize", dict(base, BM=128, BN=64, BK=64, NUM_K=12, SEG=32, SAVE_ARGMAX=True,
+                                             NORMALIZE=True, HAS_QMASK=True, HAS_DMASK=True), \
+        dict(ptrs, q_ptr="bf16", d_ptr="bf16"), 4, 3
     yield "fwd argmax running max", dict(base, BM=128, SEG=128, ROW_MAX=False, SAVE_ARGMAX=True), ptrs, 8, 3
     yield "fwd fp32 ieee", dict(base, BM=128, BN=32, BK=64, NUM_K=2, SEG=32, DOT_PRECISION="ieee", ROW_MAX=False), \
         dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 4, 2

@@ -47,7 +47,8 @@ def multiprocessors(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False) -> ForwardConfig:
+def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False,
+                   argmax: bool = False) -> ForwardConfig:
     """The forward tile configuration for a shape: depends on power-of-two buckets of Lq, Nq and d,
     the dtype and the layout only, so new batch sizes and document lengths never compile again.
 
@@ -61,7 +62,9 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     - 128 rows: BM=128, BN=64, running max;
     - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
     - about 2 programs per multiprocessor, each walking a run of documents, beat more, shorter ones,
-      except for short stacked queries and wide d (8).
+      except for short stacked queries and wide d (8);
+    - with the argmax (training), the row-max variant also holds the winning tile [BM, BN]: BN=64
+      keeps both tiles in registers.
     """
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
@@ -80,6 +83,8 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
         cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
     else:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
+    if argmax and cfg.row_max and cfg.BN > 64:
+        cfg = dataclasses.replace(cfg, BN=64)
     if interpret:
         # The interpreter runs one program at a time: few, small programs, no pipelining.
         return ForwardConfig(BM=min(cfg.BM, 64), BN=min(cfg.BN, 64), BK=cfg.BK, num_warps=4, num_stages=1,

@@ -28,8 +28,14 @@ import triton.language as tl
 
 from maxsim._tuning import next_pow2
 
-# Scratch budget of the lowmem inverse map (int64 order + int32 keys per entry), per chunk.
-LOWMEM_CHUNK_BYTES = 64 * 2**20
+# Scratch of the lowmem inverse map, per chunk of documents: a fraction of what the step must hold
+# anyway (the gradients and the argmax), so that lowmem's peak stays within 10 % of that, between
+# a floor (few launches on small shapes) and a cap. An entry costs its int32 destination, the
+# sort's double-buffered int32 keys and int64 values, and the int64 order it returns.
+LOWMEM_SCRATCH_FRACTION = 0.06
+LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
+LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
+LOWMEM_BYTES_PER_ENTRY = 4 + 2 * (4 + 8) + 8
 
 
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld"])
@@ -131,10 +137,18 @@ def _maxsim_bwd_owned_kernel(
     tl.store(gd_ptr + (doc * Ld + t) * dim + o_d, b_acc.to(gd_ptr.dtype.element_ty), mask=m_d)
 
 
-def gather_config(Lq: int, BD: int) -> tuple[int, int]:
-    """(query tokens per program, warps) of the gather kernel."""
-    BS = max(1, min(16, next_pow2(Lq), 8192 // BD))
-    return BS, 4 if BS * BD <= 4096 else 8
+def gather_config(Lq: int, BD: int, candidates: bool) -> tuple[int, int]:
+    """(query tokens per program, warps) of the gather kernel, from an H200 sweep
+    (benchmarks/profile_backward.py; BENCHMARKS.md): long queries in the cross product want
+    narrow programs (BS=8, 8 warps: 459 against 579 us at 128 x 128 x 128 x 1024); candidate lists
+    have few query rows per document set and want wide ones (BS=32: 151 against 180 us)."""
+    if candidates:
+        BS, warps = 32, 4
+    elif Lq >= 128:
+        BS, warps = 8, 8
+    else:
+        BS, warps = 16, 4
+    return max(1, min(BS, next_pow2(Lq), 8192 // BD)), warps
 
 
 def _inverse_norms(x: torch.Tensor) -> torch.Tensor:
@@ -175,7 +189,7 @@ def maxsim_backward(
     qinv = _inverse_norms(Q) if normalize else g  # any tensor when unused
     dinv = _inverse_norms(D) if normalize else g
     BD = max(16, next_pow2(d))
-    BS, gather_warps = gather_config(Lq, BD)
+    BS, gather_warps = gather_config(Lq, BD, candidates)
     stride_dq = D.stride(0) if candidates else 0
     unified = strategy == "unified"
     gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
@@ -203,7 +217,9 @@ def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, candidates, BD):
     # [n_total, entries per document, ...]: candidate lists own their documents.
     arg_by_doc = argmax.reshape(Nq * Nd, Lq) if candidates else argmax  # [Nq*K, Lq] or [Nq, Nd, Lq]
     entries_per_doc = Lq if candidates else Nq * Lq
-    chunk = max(1, min(n_total, LOWMEM_CHUNK_BYTES // (12 * entries_per_doc)))
+    must_hold = Q.numel() * Q.element_size() + D.numel() * D.element_size() + argmax.numel() * 4
+    budget = min(LOWMEM_MAX_CHUNK_BYTES, max(LOWMEM_MIN_CHUNK_BYTES, int(LOWMEM_SCRATCH_FRACTION * must_hold)))
+    chunk = max(1, min(n_total, budget // (LOWMEM_BYTES_PER_ENTRY * entries_per_doc)))
     for row0 in range(0, n_total, chunk):
         n_docs = min(chunk, n_total - row0)
         if candidates:

@@ -115,8 +115,8 @@ def _maxsim_fwd_kernel(
             b_q = tl.load(p_q_rows + o_k[None, :], mask=m_row[:, None] & (o_k < dim)[None, :], other=0.0)
     if NORMALIZE:
         q_sq = tl.zeros([BM], dtype=tl.float32)
-        for kk in tl.static_range(NUM_K):
-            o_kk = kk * BK + o_k
+        for kq in tl.static_range(NUM_K):
+            o_kk = kq * BK + o_k
             b_qk = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
             q_sq += tl.sum(b_qk.to(tl.float32) * b_qk.to(tl.float32), axis=1)
         q_inv_norm = 1.0 / tl.maximum(tl.sqrt(q_sq), 1e-12)  # [BM]
@@ -130,7 +130,9 @@ def _maxsim_fwd_kernel(
 
     # Running max: per (row, column) folded elementwise (one max per element, reduced across
     # columns once per document) or, with ROW_MAX, reduced to one value per row after every tile
-    # (half the registers, so wider tiles fit; with the argmax, a third).
+    # (half the registers, so wider tiles fit). The argmax with ROW_MAX keeps the winning tile's
+    # similarities and finds the column in it once per document, not once per tile: the per-tile
+    # cost is one select per element.
     ELEMENTWISE: tl.constexpr = not ROW_MAX
     if ELEMENTWISE:
         b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
@@ -139,7 +141,8 @@ def _maxsim_fwd_kernel(
     else:
         b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
         if SAVE_ARGMAX:
-            b_arg = tl.zeros([BM], dtype=tl.int32)  # token index where b_max was reached
+            b_arg = tl.zeros([BM], dtype=tl.int32)  # tile where b_max was reached
+            b_wintile = tl.full([BM, BN], NEG_INF, dtype=tl.float32)  # that tile's similarities
     if HAS_DMASK:
         b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far
 
@@ -191,10 +194,9 @@ def _maxsim_fwd_kernel(
             b_max = max_nan(b_max, b_s)
         elif SAVE_ARGMAX:
             b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
-            is_tmax = (b_s == b_tmax[:, None]) | (b_s != b_s)
-            b_targ = tl.min(tl.where(is_tmax, o_n[None, :], BN), axis=1)  # first winner in the tile
             upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
-            b_arg = tl.where(upd, (i_t * BN).to(tl.int32) + b_targ, b_arg)
+            b_wintile = tl.where(upd[:, None], b_s, b_wintile)
+            b_arg = tl.where(upd, i_t.to(tl.int32), b_arg)
             b_max = tl.where(upd, b_tmax, b_max)
         else:
             b_max = max_nan(b_max, tl.reduce(b_s, 1, max_nan))
@@ -224,7 +226,11 @@ def _maxsim_fwd_kernel(
                     o_tok = b_arg * BN + o_n[None, :]
                     b_idx = tl.min(tl.where(is_max, o_tok, 2147483647), axis=1)  # lowest index among ties
                 else:
-                    b_idx = b_arg
+                    # The first column of the winning tile that holds the max (NaN wins). A row
+                    # with no finite winner finds none (BN): it is masked to -1 below.
+                    is_max = (b_wintile == b_rowmax[:, None]) | (b_wintile != b_wintile)
+                    b_col = tl.min(tl.where(is_max, o_n[None, :], BN), axis=1)  # [BM]
+                    b_idx = b_arg * BN + tl.minimum(b_col, BN - 1)
                 m_arg = m_row
                 if HAS_QMASK:
                     m_arg = m_arg & b_qm
@@ -297,7 +303,7 @@ def maxsim_forward(
         return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index)
 
     if config is None:
-        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret)
+        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax)
         if autotune_enabled() and not interpret and not torch.cuda.is_current_stream_capturing():
             flags = f"qm{int(qm is not None)}dm{int(dm is not None)}mul{int(multiply)}n{int(normalize)}a{int(save_argmax)}"
             key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags)
