@@ -49,3 +49,16 @@ def test_second_call_launches_the_cached_kernel(monkeypatch):
     _launch.launch(kernel, (9,), (x, 8), (False, False), {"BLOCK": 32}, num_warps=4, num_stages=2)
     _launch.launch(kernel, (9,), (x, 9), (False, False), {"BLOCK": 32}, num_warps=4, num_stages=2)
     assert [e[0] for e in kernel.log][-2:] == ["jit", "fast"]
+
+
+def test_group_by_row_is_a_stable_csr_inverse():
+    from maxsim._csr import group_by_row
+
+    n_rows = 37
+    dest = torch.randint(0, n_rows + 1, (5000,), dtype=torch.int32)  # n_rows = "goes nowhere"
+    order, rowptr = group_by_row(dest, n_rows)
+    counts = torch.bincount(dest.long(), minlength=n_rows + 1)[:n_rows]
+    assert rowptr[0] == 0 and torch.equal(rowptr.diff(), counts)
+    for r in (0, 5, n_rows - 1):
+        ids = order[rowptr[r]:rowptr[r + 1]]
+        assert torch.equal(ids, (dest == r).nonzero().flatten())  # every entry, ascending ids

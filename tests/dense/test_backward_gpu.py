@@ -56,3 +56,21 @@ def test_lowmem_bitwise_deterministic_under_contention():
     a = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=1)
     b = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=1)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_lowmem_peak_memory_is_grads_plus_argmax_plus_10_percent():
+    # In-batch 128 x 128 (128, 1024) bf16: the bar for the lowmem strategy.
+    Q = torch.randn(128, 128, 128, device="cuda", dtype=BF16, requires_grad=True)
+    D = torch.randn(128, 1024, 128, device="cuda", dtype=BF16, requires_grad=True)
+    labels = torch.arange(128, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    scores = maxsim.maxsim(Q, D, backward="lowmem")
+    torch.nn.functional.cross_entropy(scores, labels).backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    must_hold = 2 * (Q.numel() + D.numel()) + 4 * 128 * 128 * 128  # bf16 grads + int32 argmax
+    small = 2**20  # scores, the loss and their gradients
+    print(f"lowmem peak {peak / 2**20:.1f} MB, grads + argmax {must_hold / 2**20:.1f} MB")
+    assert peak <= 1.1 * must_hold + small

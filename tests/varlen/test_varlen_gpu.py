@@ -28,7 +28,13 @@ def test_million_pairs_one_call_matches_padded_dense():
     P = 1_000_000
     pq = torch.randint(0, 1000, (P,), device="cuda")
     pd = torch.randint(0, 5000, (P,), device="cuda")
-    scores = maxsim.score_pairs_packed(q, d, cu_q, cu_d, pq, pd, max_seqlen_q=mq, max_seqlen_d=md)
+    maxsim.score_pairs_packed(q, d, cu_q, cu_d, pq[:10], pd[:10], max_seqlen_q=mq, max_seqlen_d=md)  # compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # a host synchronisation inside the call raises
+    try:
+        scores = maxsim.score_pairs_packed(q, d, cu_q, cu_d, pq, pd, max_seqlen_q=mq, max_seqlen_d=md)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     Qp, qm = maxsim.packed_to_padded(q, cu_q, mq)
     Dp, dm = maxsim.packed_to_padded(d, cu_d, md)
     full = maxsim.maxsim(Qp, Dp, qm, dm)  # [1000, 5000]

@@ -26,16 +26,17 @@ import torch
 import triton
 import triton.language as tl
 
+from maxsim._csr import group_by_row
 from maxsim._tuning import next_pow2
 
 # Scratch of the lowmem inverse map, per chunk of documents: a fraction of what the step must hold
 # anyway (the gradients and the argmax), so that lowmem's peak stays within 10 % of that, between
 # a floor (few launches on small shapes) and a cap. An entry costs its int32 destination, the
-# sort's double-buffered int32 keys and int64 values, and the int64 order it returns.
+# sort's double-buffered int32 keys and int64 values, and the sorted keys and int64 order it returns.
 LOWMEM_SCRATCH_FRACTION = 0.06
 LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
 LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
-LOWMEM_BYTES_PER_ENTRY = 4 + 2 * (4 + 8) + 8
+LOWMEM_BYTES_PER_ENTRY = 4 + 2 * (4 + 8) + 4 + 8
 
 
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld"])
@@ -230,10 +231,7 @@ def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, candidates, BD):
             local = torch.arange(n_docs, device=D.device, dtype=torch.int32)[None, :, None]
         sentinel = n_docs * Ld
         dest = torch.where(a >= 0, local * Ld + a, sentinel).flatten()  # int32 destination rows
-        order = torch.argsort(dest, stable=True)  # entries grouped by row, ascending within a row
-        counts = torch.bincount(dest, minlength=sentinel + 1)[:sentinel]
-        rowptr = torch.zeros(sentinel + 1, dtype=torch.int64, device=D.device)
-        torch.cumsum(counts, 0, out=rowptr[1:])
+        order, rowptr = group_by_row(dest, sentinel)
         _maxsim_bwd_owned_kernel[(n_docs * Ld,)](
             Q, D, g, order, rowptr, dinv, qinv, grad_D,
             Nd, Lq, Ld, d, row0, n_docs,

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from maxsim._csr import group_by_row
 from maxsim._tuning import next_pow2
 from maxsim.varlen.forward import pair_of
 
@@ -128,9 +129,7 @@ def varlen_backward(
         (False, d.shape[0], cu_d[dj][:, None] + argmax.long()),
     ):
         key = torch.where(valid, key, n_rows).flatten()  # sentinel row n_rows for no entry
-        order = torch.argsort(key, stable=True)
-        rowptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=q.device)
-        torch.cumsum(torch.bincount(key, minlength=n_rows + 1)[:n_rows], 0, out=rowptr[1:])
+        order, rowptr = group_by_row(key, n_rows)
         out = torch.empty(q.shape if to_q else d.shape, dtype=q.dtype, device=q.device)
         if n_rows:
             _varlen_bwd_owned_kernel[(n_rows,)](
