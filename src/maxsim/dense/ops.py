@@ -76,6 +76,9 @@ def _(grad, Q, D, argmax, normalize, strategy):
 def _setup_context(ctx, inputs, output):
     Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy = inputs
     _, argmax = output
+    # The argmax output has no gradient: without this, autograd would hand the backward a zero
+    # int32 tensor of the argmax's size (measured: one more argmax of memory at the peak).
+    ctx.set_materialize_grads(False)
     ctx.normalize = normalize
     ctx.strategy = strategy
     ctx.has_argmax = save_argmax
@@ -89,6 +92,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_scores, _grad_argmax):
     if not ctx.has_argmax:
         raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
+    if grad_scores is None:  # the scores took no part in the loss
+        return (None,) * 8
     Q, D, argmax = ctx.saved_tensors
     grad_Q, grad_D = dense_backward(grad_scores, Q, D, argmax, ctx.normalize, ctx.strategy)
     return grad_Q, grad_D, None, None, None, None, None, None

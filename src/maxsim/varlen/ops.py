@@ -65,6 +65,7 @@ def _(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy):
 
 def _varlen_setup_context(ctx, inputs, output):
     q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy = inputs
+    ctx.set_materialize_grads(False)  # no zero tensor the size of the argmax for its "gradient"
     ctx.strategy = strategy
     ctx.has_argmax = save_argmax
     ctx.save_for_backward(q, d, cu_q, cu_d, pair_q, pair_d, output[1])
@@ -73,6 +74,8 @@ def _varlen_setup_context(ctx, inputs, output):
 def _varlen_backward(ctx, grad_scores, _grad_argmax):
     if not ctx.has_argmax:
         raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
+    if grad_scores is None:  # the scores took no part in the loss
+        return (None,) * 9
     q, d, cu_q, cu_d, pair_q, pair_d, argmax = ctx.saved_tensors
     grad_q, grad_d = varlen_backward_op(grad_scores, q, d, cu_q, cu_d, pair_q, pair_d, argmax, ctx.strategy)
     return grad_q, grad_d, None, None, None, None, None, None, None
