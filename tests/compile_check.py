@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from maxsim.dense.backward import _maxsim_bwd_gather_kernel, _maxsim_bwd_owned_kernel
+from maxsim.dense.backward import _maxsim_bwd_gather_kernel, _maxsim_bwd_lists_kernel, _maxsim_bwd_owned_kernel
 from maxsim.dense.forward import _maxsim_fwd_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
@@ -97,9 +97,15 @@ def backward_variants():
                                                               SCATTER_D=True), gptrs, 8
     optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i64", rowptr_ptr="i64", dinv_ptr="fp32",
                  qinv_ptr="fp32", gd_ptr="bf16")
-    for cand, norm in [(False, False), (True, True)]:
-        yield f"bwd owned cand={cand} norm={norm}", _maxsim_bwd_owned_kernel, dict(BD=128, CANDIDATES=cand,
-                                                                                   NORMALIZE=norm), optrs, 1
+    for norm in (False, True):
+        yield f"bwd owned norm={norm}", _maxsim_bwd_owned_kernel, dict(BD=128, NORMALIZE=norm), optrs, 1
+    lptrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", arg_ptr="i32", qinv_ptr="fp32", dinv_ptr="fp32",
+                 gd_ptr="bf16")
+    for norm in (False, True):
+        yield f"bwd lists one-hot norm={norm}", _maxsim_bwd_lists_kernel, dict(BN=64, BS=32, BD=128, NORMALIZE=norm,
+                                                                              DOT_FP32=norm), lptrs, 4
+    yield "bwd lists one-hot d=1024", _maxsim_bwd_lists_kernel, dict(BN=16, BS=32, BD=1024, NORMALIZE=False,
+                                                                    DOT_FP32=False), lptrs, 8
 
 
 def varlen_variants():
@@ -123,7 +129,7 @@ def varlen_variants():
 EXPECT_WGMMA = {
     "fwd short stacked (32q x 100K)", "fwd long query (ColPali)", "fwd 128 rows running max", "fwd d=768",
     "fwd masks+multiply+normalize", "fwd argmax (training)", "fwd argmax in-batch 128-token queries",
-    "fwd argmax running max", "varlen cross", "varlen cross argmax, d=768",
+    "fwd argmax running max", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
 }
 
 

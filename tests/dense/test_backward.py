@@ -64,10 +64,20 @@ def test_gradients_normalize(backward, layout):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("backward", ["unified", "lowmem"])
-def test_gradients_half_precision(dtype, backward):
-    # Gradients are written in the input dtype: one rounding of an fp32 sum.
-    Q, D = small_ints(2, 130, 32, dtype=dtype), small_ints(3, 20, 32, dtype=dtype)  # long query: chunks
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+def test_gradients_half_precision(dtype, backward, layout):
+    # Gradients are written in the input dtype: one rounding of an fp32 sum. Long queries (130
+    # tokens) run in chunks in the forward and in the candidate lists' one-hot kernel.
+    Q = small_ints(2, 130, 32, dtype=dtype)
+    D = small_ints(3, 20, 32, dtype=dtype) if layout == "cross" else small_ints(2, 3, 20, 32, dtype=dtype)
     compare(Q, D, backward=backward, tol=1e-2)
+
+
+@pytest.mark.parametrize("backward", ["unified", "lowmem"])
+def test_gradients_wide_embeddings_candidates(backward):
+    # d = 200: the padded embedding block (256) narrows the one-hot kernel's token tile.
+    Q, D = small_ints(2, 20, 200), small_ints(2, 3, 90, 200)
+    compare(Q, D, backward=backward)
 
 
 def test_ties_send_gradient_to_the_lowest_index():
@@ -79,8 +89,10 @@ def test_ties_send_gradient_to_the_lowest_index():
         assert torch.all(gd[:, 7] == 0) and torch.all(gd[:, 11] == 0)
 
 
-def test_lowmem_is_bitwise_deterministic():
-    Q, D = torch.randn(4, 33, 32, device=KERNEL_DEVICE), torch.randn(6, 50, 32, device=KERNEL_DEVICE)
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+def test_lowmem_is_bitwise_deterministic(layout):
+    Q = torch.randn(4, 33, 32, device=KERNEL_DEVICE)
+    D = torch.randn((6, 50, 32) if layout == "cross" else (4, 6, 50, 32), device=KERNEL_DEVICE)
     a = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
     b = grad_step(maxsim.maxsim, Q, D, backward="lowmem", seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -13,11 +13,14 @@ Two strategies for grad_D:
 - ``unified``: one kernel walks every (i, s) row once, gathers ``D[j, t*]`` for grad_Q and adds
   ``g * Q[i, s]`` into an fp32 grad_D buffer with atomics. Fastest; the order of the atomic adds,
   and so the last bits of grad_D, vary run to run.
-- ``lowmem``: grad_Q from the same gather kernel without the scatter; grad_D destination-owned:
-  the argmax is inverted (a stable sort of destinations, a chunk of documents at a time, so its
-  scratch stays small) and one program per document token sums its own contributions in a fixed
-  order and writes them once in the input dtype. No atomics, no fp32 buffer of D's size, bitwise
-  deterministic.
+- ``lowmem``: grad_Q from the same gather kernel without the scatter; grad_D destination-owned,
+  written once in the input dtype, with no atomics and no fp32 buffer of D's size, bitwise
+  deterministic:
+  - cross product: the argmax is inverted (a stable sort of destinations, a chunk of documents
+    at a time, so its scratch stays small) and one program per document token sums its own
+    contributions in a fixed order;
+  - candidate lists: each document belongs to one query, so a tile of its tokens is a one-hot
+    matmul over that query's tokens, on the tensor cores, with no inverse map at all.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import triton
 import triton.language as tl
 
 from maxsim._csr import group_by_row
+from maxsim._dispatch import interpreting
 from maxsim._tuning import next_pow2
 
 # Scratch of the lowmem inverse map, per chunk of documents: a fraction of what the step must hold
@@ -94,38 +98,29 @@ def _maxsim_bwd_gather_kernel(
 def _maxsim_bwd_owned_kernel(
     q_ptr, d_ptr, g_ptr, order_ptr, rowptr_ptr, dinv_ptr, qinv_ptr, gd_ptr,
     Nd, Lq, Ld, dim, row0, n_docs,
-    stride_dq, stride_dn, stride_dl,
-    BD: tl.constexpr, CANDIDATES: tl.constexpr, NORMALIZE: tl.constexpr,
+    stride_dn, stride_dl,
+    BD: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
-    """One program per document token of a chunk of ``n_docs`` documents starting at ``row0``
-    (documents counted over [Nq|1, Nd] flattened): sums its contributions in sorted order.
+    """Cross product, lowmem grad_D: one program per document token of a chunk of ``n_docs``
+    documents starting at ``row0``; sums its contributions in sorted order.
 
-    order: entry ids sorted by destination (entry = (i * n_docs + doc) * Lq + s for the cross
-    product, doc * Lq + s for candidate lists); rowptr [n_docs * Ld + 1]: CSR offsets.
-    grad_D [Nq|1, Nd, Ld, d] in D's dtype, written once per row.
+    order: entry ids sorted by destination (entry = (i * n_docs + doc) * Lq + s);
+    rowptr [n_docs * Ld + 1]: CSR offsets. grad_D [1, Nd, Ld, d] in D's dtype, written once per row.
     """
     r = tl.program_id(0)
     o_d = tl.arange(0, BD)
     m_d = o_d < dim
-    doc = (row0 + r // Ld).to(tl.int64)  # flattened document index
+    doc = (row0 + r // Ld).to(tl.int64)
     t = r % Ld
-    if CANDIDATES:
-        p_row = d_ptr + (doc // Nd) * stride_dq + (doc % Nd) * stride_dn + t * stride_dl
-    else:
-        p_row = d_ptr + doc * stride_dn + t * stride_dl
+    p_row = d_ptr + doc * stride_dn + t * stride_dl
     e0 = tl.load(rowptr_ptr + r)
     e1 = tl.load(rowptr_ptr + r + 1)
     b_acc = tl.zeros([BD], dtype=tl.float32)
     for e in range(e0, e1):
         ent = tl.load(order_ptr + e)  # int64
         s = ent % Lq
-        if CANDIDATES:
-            gidx = row0 + ent // Lq  # g is [Nq, K] flattened: one entry per document
-            i_q = gidx // Nd
-        else:
-            i_q = ent // (n_docs * Lq)
-            gidx = i_q * Nd + doc
-        w = tl.load(g_ptr + gidx)
+        i_q = ent // (n_docs * Lq)
+        w = tl.load(g_ptr + i_q * Nd + doc)
         b_q = tl.load(q_ptr + (i_q * Lq + s) * dim + o_d, mask=m_d, other=0.0).to(tl.float32)
         if NORMALIZE:
             b_q = b_q * tl.load(qinv_ptr + i_q * Lq + s)
@@ -136,6 +131,57 @@ def _maxsim_bwd_owned_kernel(
         b_dh = tl.load(p_row + o_d, mask=m_d, other=0.0).to(tl.float32) * dinv  # [BD] unit vector
         b_acc = dinv * (b_acc - tl.sum(b_acc * b_dh, axis=0) * b_dh)
     tl.store(gd_ptr + (doc * Ld + t) * dim + o_d, b_acc.to(gd_ptr.dtype.element_ty), mask=m_d)
+
+
+@triton.jit(do_not_specialize=["K", "Lq", "Ld"])
+def _maxsim_bwd_lists_kernel(
+    q_ptr, d_ptr, g_ptr, arg_ptr, qinv_ptr, dinv_ptr, gd_ptr,
+    K, Lq, Ld, dim,
+    stride_dq, stride_dn, stride_dl,  # D [Nq, K, Ld, d], unit stride on d
+    BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
+    NORMALIZE: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """Candidate lists, lowmem grad_D: one program per tile of BN tokens of one document.
+
+    Document (i, k) belongs to query i alone, so its gradient is a one-hot matmul over that query's
+    Lq tokens, ``grad_D[i, k, t] = g[i, k] * sum_{s : t*(i, k, s) = t} Q[i, s]``, summed on the
+    tensor cores in a fixed order: no atomics, no scratch, bitwise deterministic, each row written
+    once in D's dtype. The one-hot factor is exact in any dtype, so the sums are exact fp32 sums of
+    the inputs (fp32 and normalised queries take the IEEE fp32 dot).
+
+    Q [Nq, Lq, d] contiguous; g [Nq, K] fp32; argmax [Nq, K, Lq] int32; qinv [Nq, Lq] and
+    dinv [Nq, K, Ld] fp32 (NORMALIZE); grad_D [Nq, K, Ld, d] contiguous.
+    """
+    r = tl.program_id(0).to(tl.int64)  # document (i, k), flattened
+    i_q = r // K
+    o_t = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] this program's document tokens
+    m_t = o_t < Ld
+    o_d = tl.arange(0, BD)
+    m_d = o_d < dim
+    b_acc = tl.zeros([BN, BD], dtype=tl.float32)
+    for s0 in range(0, Lq, BS):
+        o_s = s0 + tl.arange(0, BS)  # [BS] query tokens
+        m_s = o_s < Lq
+        b_win = tl.load(arg_ptr + r * Lq + o_s, mask=m_s, other=-1)  # [BS] winners (-1: none)
+        b_q = tl.load(q_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :],
+                      mask=m_s[:, None] & m_d[None, :], other=0.0)  # [BS, BD]
+        b_hit = b_win[None, :] == o_t[:, None]  # [BN, BS] one-hot
+        if DOT_FP32:
+            b_qf = b_q.to(tl.float32)
+            if NORMALIZE:
+                b_qf = b_qf * tl.load(qinv_ptr + i_q * Lq + o_s, mask=m_s, other=0.0)[:, None]
+            b_acc = tl.dot(b_hit.to(tl.float32), b_qf, b_acc, input_precision="ieee")
+        else:
+            b_acc = tl.dot(b_hit.to(b_q.dtype), b_q, b_acc)
+    b_acc = b_acc * tl.load(g_ptr + r)
+    if NORMALIZE:
+        # G . d_hat, then the Jacobian of d / |d|.
+        b_dinv = tl.load(dinv_ptr + r * Ld + o_t, mask=m_t, other=0.0)  # [BN]
+        p_d = d_ptr + i_q * stride_dq + (r % K) * stride_dn + o_t.to(tl.int64)[:, None] * stride_dl + o_d[None, :]
+        b_dh = tl.load(p_d, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32) * b_dinv[:, None]
+        b_acc = b_dinv[:, None] * (b_acc - tl.sum(b_acc * b_dh, axis=1)[:, None] * b_dh)
+    p_out = gd_ptr + (r * Ld + o_t.to(tl.int64))[:, None] * dim + o_d[None, :]
+    tl.store(p_out, b_acc.to(gd_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
 def gather_config(Lq: int, BD: int, candidates: bool) -> tuple[int, int]:
@@ -206,38 +252,52 @@ def maxsim_backward(
             Dh = D.to(torch.float32) * dinv[..., None]
             gd32 = dinv[..., None] * (gd32 - (gd32 * Dh).sum(-1, keepdim=True) * Dh)
         return grad_Q, gd32.to(D.dtype)
-    return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, candidates, BD)
+    if candidates:
+        return grad_Q, _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD)
+    return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD)
 
 
-def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, candidates, BD):
-    """lowmem grad_D: invert the argmax a chunk of documents at a time, one program per token."""
+def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD):
+    """lowmem grad_D for candidate lists: the one-hot matmul kernel, a program per document tile."""
+    Nq, Lq, d = Q.shape
+    K, Ld = D.shape[1], D.shape[2]
+    grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
+    BN = max(16, min(64, 8192 // BD))
+    BS = max(16, min(64, next_pow2(Lq)))
+    _maxsim_bwd_lists_kernel[(Nq * K, triton.cdiv(Ld, BN))](
+        Q, D, g, argmax, qinv, dinv, grad_D,
+        K, Lq, Ld, d,
+        D.stride(0), D.stride(1), D.stride(2),
+        BN=BN, BS=BS, BD=BD, NORMALIZE=normalize,
+        # fp32 and normalised inputs need fp32 products; the interpreter's bf16 dot is wrong.
+        DOT_FP32=normalize or Q.dtype == torch.float32 or interpreting(),
+        num_warps=4 if BN * BD <= 8192 else 8,
+    )
+    return grad_D
+
+
+def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD):
+    """lowmem grad_D for the cross product: invert the argmax a chunk of documents at a time
+    (entries grouped by destination row), then one program per document token."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
-    n_total = Nq * Nd if candidates else Nd  # documents, flattened
-    # [n_total, entries per document, ...]: candidate lists own their documents.
-    arg_by_doc = argmax.reshape(Nq * Nd, Lq) if candidates else argmax  # [Nq*K, Lq] or [Nq, Nd, Lq]
-    entries_per_doc = Lq if candidates else Nq * Lq
+    entries_per_doc = Nq * Lq
     must_hold = Q.numel() * Q.element_size() + D.numel() * D.element_size() + argmax.numel() * 4
     budget = min(LOWMEM_MAX_CHUNK_BYTES, max(LOWMEM_MIN_CHUNK_BYTES, int(LOWMEM_SCRATCH_FRACTION * must_hold)))
-    chunk = max(1, min(n_total, budget // (LOWMEM_BYTES_PER_ENTRY * entries_per_doc)))
-    for row0 in range(0, n_total, chunk):
-        n_docs = min(chunk, n_total - row0)
-        if candidates:
-            a = arg_by_doc[row0:row0 + n_docs]  # [n_docs, Lq]
-            local = torch.arange(n_docs, device=D.device, dtype=torch.int32)[:, None]
-        else:
-            a = arg_by_doc[:, row0:row0 + n_docs]  # [Nq, n_docs, Lq]
-            local = torch.arange(n_docs, device=D.device, dtype=torch.int32)[None, :, None]
+    chunk = max(1, min(Nd, budget // (LOWMEM_BYTES_PER_ENTRY * entries_per_doc)))
+    local = torch.arange(chunk, device=D.device, dtype=torch.int32)[None, :, None] * Ld  # [1, chunk, 1]
+    for row0 in range(0, Nd, chunk):
+        n_docs = min(chunk, Nd - row0)
+        a = argmax[:, row0:row0 + n_docs]  # [Nq, n_docs, Lq]
         sentinel = n_docs * Ld
-        dest = torch.where(a >= 0, local * Ld + a, sentinel).flatten()  # int32 destination rows
+        dest = torch.where(a >= 0, local[:, :n_docs] + a, sentinel).flatten()  # int32 destination rows
         order, rowptr = group_by_row(dest, sentinel)
         _maxsim_bwd_owned_kernel[(n_docs * Ld,)](
             Q, D, g, order, rowptr, dinv, qinv, grad_D,
             Nd, Lq, Ld, d, row0, n_docs,
-            D.stride(0) if candidates else 0, D.stride(1), D.stride(2),
-            BD=BD, CANDIDATES=candidates, NORMALIZE=normalize,
+            D.stride(1), D.stride(2),
+            BD=BD, NORMALIZE=normalize,
             num_warps=1 if BD <= 128 else 4,
         )
     return grad_D
-
