@@ -22,7 +22,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from maxsim.dense.backward import _maxsim_bwd_gather_kernel, _maxsim_bwd_lists_kernel, _maxsim_bwd_owned_kernel
+from maxsim.dense.backward import (
+    _maxsim_bwd_gather_kernel,
+    _maxsim_bwd_lists_kernel,
+    _maxsim_bwd_owned_kernel,
+    _normalize_jacobian_kernel,
+)
 from maxsim.dense.forward import _maxsim_fwd_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
@@ -104,6 +109,8 @@ def backward_variants():
     for norm in (False, True):
         yield f"bwd lists one-hot norm={norm}", _maxsim_bwd_lists_kernel, dict(BN=64, BS=32, BD=128, NORMALIZE=norm,
                                                                               DOT_FP32=norm), lptrs, 4
+    yield "bwd normalize Jacobian", _normalize_jacobian_kernel, dict(BR=32, BD=128), \
+        dict(gd32_ptr="fp32", d_ptr="bf16", dinv_ptr="fp32", gd_ptr="bf16"), 4
     yield "bwd lists one-hot d=1024", _maxsim_bwd_lists_kernel, dict(BN=16, BS=32, BD=1024, NORMALIZE=False,
                                                                     DOT_FP32=False), lptrs, 8
 

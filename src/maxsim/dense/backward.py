@@ -184,6 +184,31 @@ def _maxsim_bwd_lists_kernel(
     tl.store(p_out, b_acc.to(gd_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
+@triton.jit(do_not_specialize=["n_rows", "Nd", "Ld"])
+def _normalize_jacobian_kernel(
+    gd32_ptr, d_ptr, dinv_ptr, gd_ptr,
+    n_rows, Nd, Ld, dim,
+    stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
+    BR: tl.constexpr, BD: tl.constexpr,
+):
+    """unified with normalize: ``grad_D = (G - (G . d_hat) d_hat) / |d|`` for a block of BR rows of
+    the fp32 buffer G, written in D's dtype, in one pass (no fp32 copies of D).
+
+    gd32 [n_rows, d] fp32 and grad_D [n_rows, d] contiguous over the rows of D; dinv [n_rows] fp32.
+    """
+    o_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # [BR] flattened rows of D
+    m_r = o_r < n_rows
+    o_d = tl.arange(0, BD)
+    m = m_r[:, None] & (o_d < dim)[None, :]
+    doc = o_r // Ld
+    p_d = d_ptr + (doc // Nd) * stride_dq + (doc % Nd) * stride_dn + (o_r % Ld) * stride_dl
+    b_dinv = tl.load(dinv_ptr + o_r, mask=m_r, other=0.0)  # [BR]
+    b_dh = tl.load(p_d[:, None] + o_d[None, :], mask=m, other=0.0).to(tl.float32) * b_dinv[:, None]
+    b_g = tl.load(gd32_ptr + o_r[:, None] * dim + o_d[None, :], mask=m, other=0.0)  # [BR, BD]
+    b_g = b_dinv[:, None] * (b_g - tl.sum(b_g * b_dh, axis=1)[:, None] * b_dh)
+    tl.store(gd_ptr + o_r[:, None] * dim + o_d[None, :], b_g.to(gd_ptr.dtype.element_ty), mask=m)
+
+
 def gather_config(Lq: int, BD: int, candidates: bool) -> tuple[int, int]:
     """(query tokens per program, warps) of the gather kernel, from an H200 sweep
     (benchmarks/profile_backward.py; BENCHMARKS.md): long queries in the cross product want
@@ -248,10 +273,18 @@ def maxsim_backward(
         num_warps=gather_warps,
     )
     if unified:
-        if normalize:
-            Dh = D.to(torch.float32) * dinv[..., None]
-            gd32 = dinv[..., None] * (gd32 - (gd32 * Dh).sum(-1, keepdim=True) * Dh)
-        return grad_Q, gd32.to(D.dtype)
+        if not normalize:
+            return grad_Q, gd32.to(D.dtype)
+        grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)
+        n_rows = D.shape[0] * Nd * Ld
+        BR = max(1, 4096 // BD)
+        _normalize_jacobian_kernel[(triton.cdiv(n_rows, BR),)](
+            gd32, D, dinv, grad_D,
+            n_rows, Nd, Ld, d,
+            D.stride(0), D.stride(1), D.stride(2),
+            BR=BR, BD=BD, num_warps=4,
+        )
+        return grad_Q, grad_D
     if candidates:
         return grad_Q, _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD)
     return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD)
