@@ -21,6 +21,8 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
 
 from maxsim.dense.backward import (
     _maxsim_bwd_gather_kernel,
@@ -29,6 +31,7 @@ from maxsim.dense.backward import (
     _normalize_jacobian_kernel,
 )
 from maxsim.dense.forward import _maxsim_fwd_kernel
+from maxsim.dense.forward_overlap import _maxsim_fwd_overlap_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
 
@@ -44,16 +47,19 @@ def compile_variant(kernel, pointers: dict, constexprs: dict, num_warps: int, nu
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in pointers:
-            signature[name] = "*" + pointers[name]
+            ty = pointers[name]  # an element type, or a whole TMA descriptor type
+            signature[name] = ty if ty.startswith("tensordesc") else "*" + ty
         else:
             signature[name] = "i32"
     consts = {(kernel.arg_names.index(k),): v for k, v in constexprs.items()}
     # What Triton's launcher infers at run time for torch tensors and d = 128: 16-byte aligned
     # pointers, and strides (and dim) divisible by 16. Without it nothing is vectorised or pipelined.
     aligned = [name for name in kernel.arg_names
-               if name in pointers or name == "dim" or (name.startswith("stride") and not name.startswith("stride_dm"))]
+               if (name in pointers and not pointers[name].startswith("tensordesc")) or name == "dim"
+               or (name.startswith("stride") and not name.startswith("stride_dm"))]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
+    source = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
+    src = source(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
@@ -140,11 +146,25 @@ EXPECT_WGMMA = {
 }
 
 
+def overlap_variants():
+    """The Gluon prototype (maxsim/dense/forward_overlap.py): its point is the wgmma kept in flight
+    across the epilogue (wait_group 1), checked below."""
+    for BM, BN, warps, dt in [(128, 64, 4, "fp16"), (256, 64, 8, "bf16"), (128, 128, 4, "bf16")]:
+        layout = gl.NVMMASharedLayout.get_default_for([BN, 128], gl.float16 if dt == "fp16" else gl.bfloat16)
+        ptrs = dict(q_ptr=dt, out_ptr="fp32", d_desc=f"tensordesc<{dt}[{BN},128],{layout!r}>")
+        consts = dict(BM=BM, BN=BN, BK=128, SEG=32, STAGES=3, num_warps=warps)
+        yield f"fwd overlap (Gluon) BM{BM} BN{BN} {dt}", _maxsim_fwd_overlap_kernel, consts, ptrs, warps
+
+
+EXPECT_OVERLAP = {name for name, *_ in overlap_variants()}
+
+
 def all_variants():
     """(name, kernel, constexprs, pointer types, num_warps, num_stages) for every checked variant."""
     jobs = [(name, _maxsim_fwd_kernel, c, p, w, s) for name, c, p, w, s in dense_forward_variants()]
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in backward_variants()]
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in varlen_variants()]
+    jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in overlap_variants()]
     return jobs
 
 
@@ -161,6 +181,8 @@ def main() -> int:
                 problems.append("over Hopper's 227 KB of shared memory per block")
             if name in EXPECT_WGMMA and "wgmma" not in ptx:
                 problems.append("the dot no longer lowers to wgmma")
+            if name in EXPECT_OVERLAP and "wgmma.wait_group.sync.aligned 1" not in ptx:
+                problems.append("no wgmma stays in flight across the epilogue")
             status = "FAIL" if problems else "ok"
             failed += bool(problems)
             rows.append(f"{name:40s} {status:5s} smem {k.metadata.shared / 1024:6.1f} KB  {ptxas_report(ptx)}  "
