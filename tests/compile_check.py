@@ -149,11 +149,22 @@ EXPECT_WGMMA = {
 def overlap_variants():
     """The Gluon prototype (maxsim/dense/forward_overlap.py): its point is the wgmma kept in flight
     across the epilogue (wait_group 1), checked below."""
-    for BM, BN, warps, dt in [(128, 64, 4, "fp16"), (256, 64, 8, "bf16"), (128, 128, 4, "bf16")]:
+    flags = dict(HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False, SAVE_ARGMAX=False)
+    for BM, BN, warps, dt, extra in [
+        (128, 64, 4, "fp16", {}),
+        (256, 64, 8, "bf16", {}),
+        (128, 128, 4, "bf16", {}),
+        (128, 64, 4, "bf16", dict(HAS_QMASK=True, HAS_DMASK=True)),
+        (128, 64, 4, "bf16", dict(HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
+        (256, 64, 8, "bf16", dict(SAVE_ARGMAX=True)),
+        (128, 64, 8, "bf16", dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True)),
+    ]:
         layout = gl.NVMMASharedLayout.get_default_for([BN, 128], gl.float16 if dt == "fp16" else gl.bfloat16)
-        ptrs = dict(q_ptr=dt, out_ptr="fp32", d_desc=f"tensordesc<{dt}[{BN},128],{layout!r}>")
-        consts = dict(BM=BM, BN=BN, BK=128, SEG=32, STAGES=3, num_warps=warps)
-        yield f"fwd overlap (Gluon) BM{BM} BN{BN} {dt}", _maxsim_fwd_overlap_kernel, consts, ptrs, warps
+        ptrs = dict(q_ptr=dt, qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32",
+                    d_desc=f"tensordesc<{dt}[{BN},128],{layout!r}>")
+        consts = dict(BM=BM, BN=BN, BK=128, SEG=32, STAGES=3, num_warps=warps, **dict(flags, **extra))
+        tag = " ".join(k.lower() for k, v in extra.items() if v)
+        yield f"fwd overlap (Gluon) BM{BM} BN{BN} w{warps} {dt} {tag}".rstrip(), _maxsim_fwd_overlap_kernel, consts, ptrs, warps
 
 
 EXPECT_OVERLAP = {name for name, *_ in overlap_variants()}
