@@ -1,4 +1,4 @@
-"""Benchmark harness: ``python -m maxsim bench [--mode forward|train]`` or ``python benchmarks/run.py``.
+"""Benchmark harness: ``python -m maxsim bench [--mode forward|train]``.
 
 See :mod:`maxsim.bench.runner` for what is measured and how crashes are isolated, and
 :mod:`maxsim.bench.train` for the training step.

@@ -43,6 +43,13 @@ LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 LOWMEM_BYTES_PER_ENTRY = 4 + 2 * (4 + 8) + 4 + 8
 
 
+@triton.jit
+def _through_normalization(b_g, b_unit, b_inv):
+    """Rows of G, the gradient with respect to unit vectors x / |x|, taken back to x:
+    ``(G - (G . x_hat) x_hat) / |x|``. b_g, b_unit [R, BD] fp32; b_inv [R] = 1 / |x|."""
+    return b_inv[:, None] * (b_g - tl.sum(b_g * b_unit, axis=1)[:, None] * b_unit)
+
+
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld"])
 def _maxsim_bwd_gather_kernel(
     q_ptr, d_ptr, g_ptr, arg_ptr, qinv_ptr, dinv_ptr, gq_ptr, gd_ptr,
@@ -90,7 +97,7 @@ def _maxsim_bwd_gather_kernel(
             tl.atomic_add(gd_ptr + o_row[:, None] * dim + o_d[None, :], g * b_q, mask=m_wd, sem="relaxed")
     if NORMALIZE:
         # G . q_hat, then the Jacobian of q / |q|.
-        b_acc = b_qinv[:, None] * (b_acc - tl.sum(b_acc * b_q, axis=1)[:, None] * b_q)
+        b_acc = _through_normalization(b_acc, b_q, b_qinv)
     tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
 
 
@@ -179,7 +186,7 @@ def _maxsim_bwd_lists_kernel(
         b_dinv = tl.load(dinv_ptr + r * Ld + o_t, mask=m_t, other=0.0)  # [BN]
         p_d = d_ptr + i_q * stride_dq + (r % K) * stride_dn + o_t.to(tl.int64)[:, None] * stride_dl + o_d[None, :]
         b_dh = tl.load(p_d, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32) * b_dinv[:, None]
-        b_acc = b_dinv[:, None] * (b_acc - tl.sum(b_acc * b_dh, axis=1)[:, None] * b_dh)
+        b_acc = _through_normalization(b_acc, b_dh, b_dinv)
     p_out = gd_ptr + (r * Ld + o_t.to(tl.int64))[:, None] * dim + o_d[None, :]
     tl.store(p_out, b_acc.to(gd_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
@@ -205,7 +212,7 @@ def _normalize_jacobian_kernel(
     b_dinv = tl.load(dinv_ptr + o_r, mask=m_r, other=0.0)  # [BR]
     b_dh = tl.load(p_d[:, None] + o_d[None, :], mask=m, other=0.0).to(tl.float32) * b_dinv[:, None]
     b_g = tl.load(gd32_ptr + o_r[:, None] * dim + o_d[None, :], mask=m, other=0.0)  # [BR, BD]
-    b_g = b_dinv[:, None] * (b_g - tl.sum(b_g * b_dh, axis=1)[:, None] * b_dh)
+    b_g = _through_normalization(b_g, b_dh, b_dinv)
     tl.store(gd_ptr + o_r[:, None] * dim + o_d[None, :], b_g.to(gd_ptr.dtype.element_ty), mask=m)
 
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import interpreting
-from maxsim._kernels import max_nan
+from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim._tuning import (
     ForwardConfig,
@@ -86,19 +86,7 @@ def _maxsim_fwd_kernel(
 ):
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
-    # The same row mapping as maxsim._kernels.stacked_rows, written out: this is the form that
-    # was measured on the H200 (BENCHMARKS.md).
-    n_mblocks = tl.cdiv(Nq, QPB) * n_chunks
-    i_pid = tl.program_id(0)
-    # Row blocks vary fastest so that the programs reading one document run together (L2 reuse).
-    i_m = i_pid % n_mblocks
-    i_n = i_pid // n_mblocks
-    i_qgroup = i_m // n_chunks
-    i_chunk = i_m % n_chunks
-
-    o_r = tl.arange(0, BM)
-    o_q = i_qgroup * QPB + o_r // SEG  # [BM] query of each row
-    o_s = i_chunk * SEG + o_r % SEG  # [BM] token of each row
+    i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
     m_row = (o_q < Nq) & (o_s < Lq)  # [BM]
     p_q_rows = q_ptr + o_q.to(tl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql  # [BM, 1]
 

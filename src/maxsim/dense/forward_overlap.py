@@ -35,7 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from maxsim._tuning import multiprocessors, next_pow2
+from maxsim._tuning import next_pow2
+from maxsim.dense.forward import _grid_plan
 
 
 @gluon.jit
@@ -206,16 +207,13 @@ def maxsim_forward_overlap(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tenso
     D2 = D.contiguous().view(Nd * Ld, d)
     qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
     dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
-    seg = next_pow2(Lq)
     gl_dtype = gl.float16 if Q.dtype == torch.float16 else gl.bfloat16
     d_desc = TensorDescriptor.from_tensor(D2, [BN, d], gl.NVMMASharedLayout.get_default_for([BN, d], gl_dtype))
     out = torch.empty((Nq, Nd), dtype=torch.float32, device=Q.device)
     argmax = torch.empty((Nq, Nd, Lq), dtype=torch.int32, device=Q.device) if save_argmax else None
-    n_mblocks = triton.cdiv(Nq, BM // seg)
-    slots = multiprocessors(Q.device.index or 0) * waves
-    docs_per_program = max(1, triton.cdiv(Nd, max(1, slots // n_mblocks)))
-    grid = (n_mblocks * triton.cdiv(Nd, docs_per_program),)
-    _maxsim_fwd_overlap_kernel[grid](
+    device_index = Q.device.index if Q.device.index is not None else torch.cuda.current_device()
+    seg, _, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, BM, waves, False, device_index)
+    _maxsim_fwd_overlap_kernel[(n_programs,)](
         Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
         argmax if argmax is not None else out,
         Nq, Nd, Lq, Ld, triton.cdiv(Ld, BN), docs_per_program,
