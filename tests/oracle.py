@@ -30,7 +30,8 @@ def oracle(Q, D, q_mask=None, d_mask=None, *, normalize=False, mask_mode="exclud
             total = torch.zeros((), dtype=torch.float64)
             for s in range(Lq):
                 q_real = bool(q_mask[i, s]) if q_mask is not None else True
-                sims = doc @ Q[i, s]  # [Ld]
+                # Row by row, not a matvec: BLAS may round equal rows differently, which breaks ties.
+                sims = (doc * Q[i, s]).sum(-1)  # [Ld]
                 if mask_mode == "multiply":
                     sims = sims * dm.double() * float(q_real)
                     if Ld == 0:
@@ -85,6 +86,45 @@ def torch_dtype_err(Q, D, ref64: torch.Tensor, q_mask=None, d_mask=None) -> floa
     if q_mask is not None:
         best = best * q_mask.cpu()[:, None, :]
     return rel_err(best.sum(-1).to(Q.dtype).float(), ref64)
+
+
+def winner_grads(Q, D, argmax, *, normalize=False, seed=0):
+    """float64 gradients of ``sum(g * scores)`` (``g`` as in :func:`grad_step`) with the winners
+    fixed to ``argmax`` ``[Nq, Nd, Lq]`` (-1: the token adds nothing), exclude mode. A kernel's
+    gradients must match these exactly up to rounding, whatever way it broke near-ties; that the
+    winners are maxima is checked with :func:`winner_gap`. Returns (grad_Q, grad_D) on the CPU."""
+    Q = Q.detach().double().cpu().requires_grad_()
+    D = D.detach().double().cpu().requires_grad_()
+    Qn, Dn = (_unit(Q), _unit(D)) if normalize else (Q, D)
+    sims = _sims_at(Qn, Dn, argmax.cpu().long())  # [Nq, Nd, Lq]
+    scores = sims.sum(-1)
+    g = torch.randn(scores.shape, generator=torch.Generator().manual_seed(seed)).double()
+    (scores * g).sum().backward()
+    return Q.grad, D.grad
+
+
+def winner_gap(Q, D, argmax, ref_argmax, *, normalize=False) -> float:
+    """max over tokens of (similarity at ``ref_argmax`` - similarity at ``argmax``) / max|sim|,
+    float64: 0 when both pick maxima, tiny for a near-tie broken the other way."""
+    Q, D = Q.detach().double().cpu(), D.detach().double().cpu()
+    if normalize:
+        Q, D = _unit(Q), _unit(D)
+    a, r = _sims_at(Q, D, argmax.cpu().long()), _sims_at(Q, D, ref_argmax.cpu().long())
+    return float((r - a).abs().max() / r.abs().max().clamp_min(1e-30))
+
+
+def _unit(x):
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def _sims_at(Q, D, argmax):
+    """<Q[i, s], D[(i,) j, argmax[i, j, s]]> as [Nq, Nd, Lq]; 0 where argmax is -1."""
+    Nq, Nd, Lq = argmax.shape
+    docs = D if D.dim() == 4 else D.expand(Nq, *D.shape)  # [Nq, Nd, Ld, d]
+    idx = argmax.clamp_min(0)[..., None].expand(Nq, Nd, Lq, D.shape[-1])
+    winners = torch.gather(docs, 2, idx)  # [Nq, Nd, Lq, d]
+    sims = (Q[:, None] * winners).sum(-1)
+    return torch.where(argmax >= 0, sims, torch.zeros((), dtype=sims.dtype))
 
 
 def grad_step(fn, Q, D, q_mask=None, d_mask=None, seed=0, **kw):

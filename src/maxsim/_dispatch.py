@@ -17,9 +17,13 @@ import torch
 BACKENDS = ("auto", "triton", "reference")
 
 
+# Read once, as Triton does: its @jit picks the interpreter when a kernel is defined.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return _INTERPRETING
 
 
 def backend_for(device: torch.device) -> str:

@@ -14,7 +14,11 @@ import torch
 
 from maxsim._dispatch import interpreting
 
+# Triton's own default pipelining depth on CUDA, for kernels that are not tuned on it.
+DEFAULT_STAGES = 3
+
 _COMPILED: dict = {}
+_SPECIALIZED: dict = {}  # id(kernel) -> _value_specialized(kernel)
 _FAST_PATH = {"enabled": True}
 _I32 = 2**31
 
@@ -27,20 +31,31 @@ def _arg_class(arg, value_specialized: bool):
     return -_I32 <= arg < _I32
 
 
-def launch(kernel, grid: tuple, args: tuple, value_specialized: tuple, constexprs: dict, *, num_warps: int,
-           num_stages: int) -> None:
+def _value_specialized(kernel) -> tuple[bool, ...] | None:
+    """Per parameter, whether Triton specialises an integer argument on its value (not listed in
+    the kernel's ``do_not_specialize``); None if this Triton does not expose its parameters."""
+    flags = _SPECIALIZED.get(id(kernel))
+    if flags is None:
+        params = getattr(kernel, "params", None)
+        if params is None or not all(hasattr(p, "do_not_specialize") for p in params):
+            return None
+        flags = _SPECIALIZED[id(kernel)] = tuple(not p.do_not_specialize for p in params)
+    return flags
+
+
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int) -> None:
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, minus the overhead.
 
     ``args`` are the runtime arguments in signature order, followed in the signature by
-    ``constexprs`` (in order); ``value_specialized[i]`` says whether Triton specialises integer
-    ``args[i]`` on its value (False for names in ``do_not_specialize``).
+    ``constexprs`` (in order).
     """
-    if interpreting() or not _FAST_PATH["enabled"]:
+    flags = None if interpreting() or not _FAST_PATH["enabled"] else _value_specialized(kernel)
+    if flags is None:
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         return
     key = (
         id(kernel), torch.cuda.current_device(), tuple(constexprs.values()), num_warps, num_stages,
-        tuple(_arg_class(a, s) for a, s in zip(args, value_specialized)),
+        tuple(_arg_class(a, s) for a, s in zip(args, flags)),
     )
     compiled = _COMPILED.get(key)
     if compiled is None:

@@ -5,7 +5,7 @@ import torch
 
 import maxsim
 from maxsim.reference import maxsim_reference
-from oracle import grad_step, rel_err
+from oracle import grad_step, rel_err, winner_gap, winner_grads
 
 pytestmark = pytest.mark.gpu
 BF16, F32 = torch.bfloat16, torch.float32
@@ -31,12 +31,23 @@ def test_real_shape_gradients(case, backward):
     if masked:
         qm = torch.rand(Q.shape[:-1], device="cuda") > 0.2
         dm = torch.rand(D.shape[:-1], device="cuda") > 0.3
-    out, gq, gd = grad_step(maxsim.maxsim, Q, D, qm, dm, backward=backward, normalize=normalize)
-    ref, rq, rd = grad_step(maxsim_reference, Q, D, qm, dm, normalize=normalize)
-    errs = rel_err(out, ref), rel_err(gq, rq), rel_err(gd, rd)
-    print(case, backward, "rel err", errs)
-    # bf16 gradients: one rounding of an fp32 sum; a near-tie resolved differently moves a few rows.
-    assert errs[0] < 1e-5 and errs[1] < 2e-2 and errs[2] < 2e-2
+    winners = {}
+
+    def scores_keeping_argmax(Q, D, qm, dm, **kw):
+        scores, winners["argmax"] = maxsim.maxsim(Q, D, qm, dm, return_argmax=True, **kw)
+        return scores
+
+    out, gq, gd = grad_step(scores_keeping_argmax, Q, D, qm, dm, backward=backward, normalize=normalize)
+    ref, ref_argmax = maxsim_reference(Q, D, qm, dm, normalize=normalize, return_argmax=True)
+    # Random bf16 inputs at these sizes hold near-ties closer than fp32 rounding (about one run in
+    # three flips one), which move a whole row of grad_Q. So: the winners must be maxima (to fp32
+    # rounding), and the gradients must be those of these winners.
+    gap = winner_gap(Q, D, winners["argmax"], ref_argmax, normalize=normalize)
+    rq, rd = winner_grads(Q, D, winners["argmax"], normalize=normalize)
+    errs = rel_err(out, ref), gap, rel_err(gq, rq), rel_err(gd, rd)
+    print(case, backward, "rel err scores, winner gap, grad_Q, grad_D", errs)
+    # bf16 gradients: one rounding of an fp32 sum (2^-8 relative per entry).
+    assert errs[0] < 1e-5 and errs[1] < 1e-5 and errs[2] < 1e-2 and errs[3] < 1e-2
 
 
 @pytest.mark.parametrize("backward", ["unified", "lowmem"])

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from maxsim._csr import group_by_row
 from maxsim._dispatch import interpreting
+from maxsim._launch import DEFAULT_STAGES, launch
 from maxsim._tuning import next_pow2
 
 # Scratch of the lowmem inverse map, per chunk of documents: a fraction of what the step must hold
@@ -258,9 +259,9 @@ def maxsim_backward(
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
-    grad_Q = torch.zeros_like(Q, memory_format=torch.contiguous_format)
     if Nq == 0 or Nd == 0 or Lq == 0 or Ld == 0:
-        return grad_Q, torch.zeros(D.shape, dtype=D.dtype, device=D.device)
+        return torch.zeros_like(Q, memory_format=torch.contiguous_format), torch.zeros(D.shape, dtype=D.dtype, device=D.device)
+    grad_Q = torch.empty_like(Q, memory_format=torch.contiguous_format)  # the gather kernel writes every row
     Q = Q.contiguous()
     D = D if D.stride(-1) == 1 else D.contiguous()
     g = grad.to(torch.float32).contiguous()
@@ -272,12 +273,11 @@ def maxsim_backward(
     stride_dq = D.stride(0) if candidates else 0
     unified = strategy == "unified"
     gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
-    _maxsim_bwd_gather_kernel[(Nq * triton.cdiv(Lq, BS),)](
-        Q, D, g, argmax, qinv, dinv, grad_Q, gd32,
-        Nq, Nd, Lq, Ld, d,
-        stride_dq, D.stride(1), D.stride(2),
-        BS=BS, BD=BD, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified,
-        num_warps=gather_warps,
+    launch(
+        _maxsim_bwd_gather_kernel, (Nq * -(-Lq // BS),),
+        (Q, D, g, argmax, qinv, dinv, grad_Q, gd32, Nq, Nd, Lq, Ld, d, stride_dq, D.stride(1), D.stride(2)),
+        dict(BS=BS, BD=BD, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified),
+        num_warps=gather_warps, num_stages=DEFAULT_STAGES,
     )
     if unified:
         if not normalize:
@@ -285,11 +285,10 @@ def maxsim_backward(
         grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)
         n_rows = D.shape[0] * Nd * Ld
         BR = max(1, 4096 // BD)
-        _normalize_jacobian_kernel[(triton.cdiv(n_rows, BR),)](
-            gd32, D, dinv, grad_D,
-            n_rows, Nd, Ld, d,
-            D.stride(0), D.stride(1), D.stride(2),
-            BR=BR, BD=BD, num_warps=4,
+        launch(
+            _normalize_jacobian_kernel, (-(-n_rows // BR),),
+            (gd32, D, dinv, grad_D, n_rows, Nd, Ld, d, D.stride(0), D.stride(1), D.stride(2)),
+            dict(BR=BR, BD=BD), num_warps=4, num_stages=DEFAULT_STAGES,
         )
         return grad_Q, grad_D
     if candidates:
@@ -304,14 +303,15 @@ def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD):
     grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
     BN = max(16, min(64, 8192 // BD))
     BS = max(16, min(64, next_pow2(Lq)))
-    _maxsim_bwd_lists_kernel[(Nq * K, triton.cdiv(Ld, BN))](
-        Q, D, g, argmax, qinv, dinv, grad_D,
-        K, Lq, Ld, d,
-        D.stride(0), D.stride(1), D.stride(2),
-        BN=BN, BS=BS, BD=BD, NORMALIZE=normalize,
-        # fp32 and normalised inputs need fp32 products; the interpreter's bf16 dot is wrong.
-        DOT_FP32=normalize or Q.dtype == torch.float32 or interpreting(),
-        num_warps=4 if BN * BD <= 8192 else 8,
+    launch(
+        _maxsim_bwd_lists_kernel, (Nq * K, -(-Ld // BN)),
+        (Q, D, g, argmax, qinv, dinv, grad_D, K, Lq, Ld, d, D.stride(0), D.stride(1), D.stride(2)),
+        dict(
+            BN=BN, BS=BS, BD=BD, NORMALIZE=normalize,
+            # fp32 and normalised inputs need fp32 products; the interpreter's bf16 dot is wrong.
+            DOT_FP32=normalize or Q.dtype == torch.float32 or interpreting(),
+        ),
+        num_warps=4 if BN * BD <= 8192 else 8, num_stages=DEFAULT_STAGES,
     )
     return grad_D
 
@@ -333,11 +333,9 @@ def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD):
         sentinel = n_docs * Ld
         dest = torch.where(a >= 0, local[:, :n_docs] + a, sentinel).flatten()  # int32 destination rows
         order, rowptr = group_by_row(dest, sentinel)
-        _maxsim_bwd_owned_kernel[(n_docs * Ld,)](
-            Q, D, g, order, rowptr, dinv, qinv, grad_D,
-            Nd, Lq, Ld, d, row0, n_docs,
-            D.stride(1), D.stride(2),
-            BD=BD, NORMALIZE=normalize,
-            num_warps=1 if BD <= 128 else 4,
+        launch(
+            _maxsim_bwd_owned_kernel, (n_docs * Ld,),
+            (Q, D, g, order, rowptr, dinv, qinv, grad_D, Nd, Lq, Ld, d, row0, n_docs, D.stride(1), D.stride(2)),
+            dict(BD=BD, NORMALIZE=normalize), num_warps=1 if BD <= 128 else 4, num_stages=DEFAULT_STAGES,
         )
     return grad_D

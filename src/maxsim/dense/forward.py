@@ -332,13 +332,9 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
         ROW_MAX=cfg.row_max,
     )
-    launch(_maxsim_fwd_kernel, (n_programs,), args, _VALUE_SPECIALIZED, constexprs,
+    launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out[0] if n_chunks == 1 else out.sum(0)
-
-
-# Which runtime arguments Triton specialises on their value (see do_not_specialize above).
-_VALUE_SPECIALIZED = (False,) * 6 + (False,) * 4 + (True,) + (False, False) + (True,) * 5 + (False, False)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -7,8 +7,11 @@ break: the ops have fake implementations) and ``torch.library.opcheck`` see one 
         -> (scores, argmax)          (strategy: the backward's grad_D reduction, used by autograd)
     maxsim::dense_backward(grad, Q, D, argmax, normalize, strategy) -> (grad_Q, grad_D)
 
-Inference calls outside ``torch.compile`` skip the dispatcher and call the launcher directly: it is
-the same kernel, minus ~10 us of host time that matters for small, latency-bound calls.
+Outside ``torch.compile`` the dispatcher is skipped: inference calls the launcher directly, and
+training goes through ``_DenseMaxSim``, a ``torch.autograd.Function`` with the same context and
+backward as the ops' autograd registration. Same kernels, less host time per call, which is what
+sets the step time of small training shapes (the custom op's Python layers cost more than the GPU
+work there).
 """
 
 from __future__ import annotations
@@ -25,6 +28,21 @@ from maxsim.dense.forward import maxsim_forward
 BACKWARD_STRATEGIES = ("auto", "unified", "lowmem")
 
 
+def _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
+    """The forward op's body (``strategy`` is for the backward only)."""
+    scores, argmax = maxsim_forward(
+        Q, D, q_mask, d_mask, normalize=normalize, multiply=multiply, save_argmax=save_argmax
+    )
+    if argmax is None:
+        argmax = torch.empty(0, dtype=torch.int32, device=Q.device)
+    return scores, argmax
+
+
+def _backward_launch(grad, Q, D, argmax, normalize, strategy):
+    """The backward op's body."""
+    return maxsim_backward(grad, Q, D, argmax, normalize=normalize, strategy=strategy)
+
+
 @torch.library.custom_op("maxsim::dense_forward", mutates_args=())
 def dense_forward(
     Q: torch.Tensor,
@@ -38,12 +56,7 @@ def dense_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Q [Nq, Lq, d], D [Nq|1, Nd, Ld, d] -> scores [Nq, Nd] fp32, argmax [Nq, Nd, Lq] int32
     (an empty [0] tensor unless ``save_argmax``)."""
-    scores, argmax = maxsim_forward(
-        Q, D, q_mask, d_mask, normalize=normalize, multiply=multiply, save_argmax=save_argmax
-    )
-    if argmax is None:
-        argmax = torch.empty(0, dtype=torch.int32, device=Q.device)
-    return scores, argmax
+    return _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
 
 
 @dense_forward.register_fake
@@ -65,7 +78,7 @@ def dense_backward(
     strategy: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """grad [Nq, Nd], argmax [Nq, Nd, Lq] -> grad_Q like Q, grad_D like D (same dtypes)."""
-    return maxsim_backward(grad, Q, D, argmax, normalize=normalize, strategy=strategy)
+    return _backward_launch(grad, Q, D, argmax, normalize, strategy)
 
 
 @dense_backward.register_fake
@@ -89,29 +102,70 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(Q, D, argmax)
 
 
-def _backward(ctx, grad_scores, _grad_argmax):
+def _grads(ctx, grad_scores, backward_fn):
+    """(grad_Q, grad_D, None x 6) from the saved context; ``backward_fn`` is the backward op (under
+    the dispatcher) or its launcher (eager)."""
     if not ctx.has_argmax:
         raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
     if grad_scores is None:  # the scores took no part in the loss
         return (None,) * 8
     Q, D, argmax = ctx.saved_tensors
-    grad_Q, grad_D = dense_backward(grad_scores, Q, D, argmax, ctx.normalize, ctx.strategy)
+    grad_Q, grad_D = backward_fn(grad_scores, Q, D, argmax, ctx.normalize, ctx.strategy)
     return grad_Q, grad_D, None, None, None, None, None, None
+
+
+def _backward(ctx, grad_scores, _grad_argmax):
+    return _grads(ctx, grad_scores, dense_backward)
 
 
 dense_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _DenseMaxSim(torch.autograd.Function):
+    """Eager training path: ``dense_forward``'s implementation and autograd rule, called without
+    the dispatcher (same arguments, same outputs, same saved tensors). The forward takes ``ctx``
+    itself: a separate ``setup_context`` would make ``apply`` bind its arguments through
+    ``inspect`` on every call."""
+
+    @staticmethod
+    def forward(ctx, Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
+        inputs = (Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
+        output = _forward_launch(*inputs)
+        ctx.mark_non_differentiable(output[1])
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_scores, _grad_argmax):
+        return _grads(ctx, grad_scores, _backward_launch)
+
+
+def _through_dispatcher() -> bool:
+    """Whether to call the custom op rather than the eager path: under torch.compile, and under
+    torch.func transforms (vmap, grad), which the op's registered autograd supports."""
+    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+
+
 # Largest fp32 grad_D buffer that backward="auto" accepts before it turns to lowmem.
 UNIFIED_MAX_FP32_BYTES = 2 * 2**30
+# Longest query for which auto sends candidate lists to lowmem's one-hot kernel. Its work per
+# document token grows with Lq (a [tokens, Lq] x [Lq, d] product); unified's (zero, atomics, cast
+# of an fp32 buffer) does not.
+LISTS_MAX_LQ = 128
 
 
-def choose_strategy(backward: str, D: torch.Tensor) -> str:
-    """``auto`` -> ``unified`` (fastest: 151 against 597 us for 32 queries x 32 candidates, 459
-    against 905 us in-batch 128 x 128 on an H200) unless its fp32 buffer the size of D would pass
-    ``UNIFIED_MAX_FP32_BYTES``; then ``lowmem``, whose scratch is a few % of the gradients."""
+def choose_strategy(backward: str, D: torch.Tensor, Lq: int) -> str:
+    """``auto`` ->
+    - candidate lists ``[Nq, K, Ld, d]`` with Lq <= ``LISTS_MAX_LQ``: ``lowmem``, the one-hot
+      kernel, written once in the input dtype, with no fp32 buffer to zero and cast (103 against
+      180 us of kernels per step at 32 queries x 32 candidates (32, 300) on an H200);
+    - otherwise ``unified`` (459 against 905 us in-batch 128 x 128, whose lowmem needs an inverse
+      map) unless its fp32 buffer the size of D would pass ``UNIFIED_MAX_FP32_BYTES``; then
+      ``lowmem``, whose scratch is a few % of the gradients."""
     if backward != "auto":
         return backward
+    if D.shape[0] != 1 and Lq <= LISTS_MAX_LQ:
+        return "lowmem"
     return "unified" if D.numel() * 4 <= UNIFIED_MAX_FP32_BYTES else "lowmem"
 
 
@@ -149,7 +203,8 @@ def maxsim(
         backward: how grad_D is reduced when Q or D requires grad: ``"unified"`` (fp32 atomics
             into an fp32 buffer the size of D: fastest, last bits vary run to run), ``"lowmem"``
             (each document token sums its own contributions: no atomics, no fp32 buffer,
-            bitwise deterministic) or ``"auto"`` (unified unless its fp32 buffer would pass 2 GiB).
+            bitwise deterministic) or ``"auto"`` (lowmem for candidate lists with Lq <= 128, else unified
+            unless its fp32 buffer would pass 2 GiB).
 
     Returns:
         fp32 scores (and the argmax when asked). Accumulation is fp32; fp32 inputs get
@@ -173,10 +228,14 @@ def maxsim(
         )
     multiply = mask_mode == "multiply"
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
-    if needs_grad or torch.compiler.is_compiling():
+    if _through_dispatcher():
         scores, argmax = dense_forward(
             p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
-            choose_strategy(backward, p.D),
+            choose_strategy(backward, p.D, p.Q.shape[1]),
+        )
+    elif needs_grad:
+        scores, argmax = _DenseMaxSim.apply(
+            p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, True, choose_strategy(backward, p.D, p.Q.shape[1])
         )
     else:
         scores, argmax = maxsim_forward(

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from maxsim._csr import group_by_row
+from maxsim._launch import DEFAULT_STAGES, launch
 from maxsim._tuning import next_pow2
 from maxsim.varlen.forward import pair_of
 
@@ -110,10 +111,10 @@ def varlen_backward(
         BR = max(1, min(16, next_pow2(max_q), 4096 // BD))
         n_rblocks = -(-max_q // BR)
         pairs_per_program = max(1, min(64, P))
-        _varlen_bwd_atomic_kernel[(n_rblocks * -(-P // pairs_per_program),)](
-            q, d, cu_q, cu_d, pq, pd, argmax, g, gq, gd,
-            Nq, Nd, P, max_q, dim, pairs_per_program,
-            BR=BR, BD=BD, CROSS=cross, num_warps=4,
+        launch(
+            _varlen_bwd_atomic_kernel, (n_rblocks * -(-P // pairs_per_program),),
+            (q, d, cu_q, cu_d, pq, pd, argmax, g, gq, gd, Nq, Nd, P, max_q, dim, pairs_per_program),
+            dict(BR=BR, BD=BD, CROSS=cross), num_warps=4, num_stages=DEFAULT_STAGES,
         )
         return gq.to(q.dtype), gd.to(d.dtype)
     # lowmem: entries e = p * max_q + s, keyed by their destination row on each side.
@@ -132,10 +133,10 @@ def varlen_backward(
         order, rowptr = group_by_row(key, n_rows)
         out = torch.empty(q.shape if to_q else d.shape, dtype=q.dtype, device=q.device)
         if n_rows:
-            _varlen_bwd_owned_kernel[(n_rows,)](
-                q, d, cu_q, cu_d, pq, pd, argmax, g, order, rowptr, out,
-                Nq, Nd, max_q, dim,
-                BD=BD, CROSS=cross, TO_Q=to_q, num_warps=1 if BD <= 128 else 4,
+            launch(
+                _varlen_bwd_owned_kernel, (n_rows,),
+                (q, d, cu_q, cu_d, pq, pd, argmax, g, order, rowptr, out, Nq, Nd, max_q, dim),
+                dict(BD=BD, CROSS=cross, TO_Q=to_q), num_warps=1 if BD <= 128 else 4, num_stages=DEFAULT_STAGES,
             )
         grads.append(out)
         del key, order

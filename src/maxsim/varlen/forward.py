@@ -234,18 +234,13 @@ def varlen_forward(
         docs_per_program = max(1, -(-Nd // max(1, slots // n_mblocks)))
         out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=q.device)
         args = (q, d, cu_q, cu_d, out, arg, Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q)
-        launch(_maxsim_varlen_cross_kernel, (n_mblocks * -(-Nd // docs_per_program),), args, _CROSS_SPECIALIZED,
+        launch(_maxsim_varlen_cross_kernel, (n_mblocks * -(-Nd // docs_per_program),), args,
                dict(constexprs, SEG=seg), num_warps=num_warps, num_stages=num_stages)
     else:
         pairs_per_program = max(1, -(-P * n_chunks // slots))
         out = torch.empty((n_chunks, P), dtype=torch.float32, device=q.device)
         args = (q, d, cu_q, cu_d, pair_q, pair_d, out, arg,
                 Nq, Nd, P, q.shape[0], d.shape[0], dim, n_chunks, pairs_per_program, max_q)
-        launch(_maxsim_pairs_kernel, (n_chunks * -(-P // pairs_per_program),), args, _PAIRS_SPECIALIZED,
+        launch(_maxsim_pairs_kernel, (n_chunks * -(-P // pairs_per_program),), args,
                constexprs, num_warps=num_warps, num_stages=num_stages)
     return (out[0] if n_chunks == 1 else out.sum(0)), argmax
-
-
-# Which runtime arguments Triton specialises on their value (only dim; see do_not_specialize).
-_CROSS_SPECIALIZED = (False,) * 6 + (False,) * 4 + (True,) + (False,) * 3
-_PAIRS_SPECIALIZED = (False,) * 8 + (False,) * 5 + (True,) + (False,) * 3
