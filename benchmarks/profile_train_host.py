@@ -98,7 +98,7 @@ def main():
         print(f"== {shape.name}")
         for name, fn in candidates:
             try:
-                step = lambda fn=fn: train_step(fn, (Q, D), (Q, D), labels)  # noqa: E731
+                step = lambda fn=fn, Q=Q, D=D, labels=labels: train_step(fn, (Q, D), (Q, D), labels)  # noqa: E731
                 step()
                 ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
                 host, wall = host_us_per_step(step)

@@ -43,3 +43,9 @@ def backend_for(device: torch.device) -> str:
             )
         return "triton"
     return "reference"
+
+
+def through_dispatcher() -> bool:
+    """Whether the custom ops (rather than the eager paths, which call the launchers directly) must
+    carry a call: under torch.compile, which traces them as opaque operators."""
+    return torch.compiler.is_compiling()

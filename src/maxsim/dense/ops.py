@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from maxsim import _checks, reference
-from maxsim._dispatch import backend_for
+from maxsim._dispatch import backend_for, through_dispatcher
 from maxsim.dense.backward import maxsim_backward
 from maxsim.dense.forward import maxsim_forward
 
@@ -140,28 +140,23 @@ class _DenseMaxSim(torch.autograd.Function):
         return _grads(ctx, grad_scores, _backward_launch)
 
 
-def _through_dispatcher() -> bool:
-    """Whether to call the custom op rather than the eager path: under torch.compile, and under
-    torch.func transforms (vmap, grad), which the op's registered autograd supports."""
-    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-
-
 # Largest fp32 grad_D buffer that backward="auto" accepts before it turns to lowmem.
 UNIFIED_MAX_FP32_BYTES = 2 * 2**30
 # Longest query for which auto sends candidate lists to lowmem's one-hot kernel. Its work per
 # document token grows with Lq (a [tokens, Lq] x [Lq, d] product); unified's (zero, atomics, cast
-# of an fp32 buffer) does not.
-LISTS_MAX_LQ = 128
+# of an fp32 buffer) hardly does. Backward alone, 32 x 32 candidates (Lq, 300), H200: lowmem 85 /
+# 106 / 140 / 319 us against unified 149 / 154 / 177 / 319 us at Lq 32 / 128 / 256 / 1024.
+LISTS_MAX_LQ = 256
 
 
 def choose_strategy(backward: str, D: torch.Tensor, Lq: int) -> str:
     """``auto`` ->
     - candidate lists ``[Nq, K, Ld, d]`` with Lq <= ``LISTS_MAX_LQ``: ``lowmem``, the one-hot
-      kernel, written once in the input dtype, with no fp32 buffer to zero and cast (103 against
-      180 us of kernels per step at 32 queries x 32 candidates (32, 300) on an H200);
-    - otherwise ``unified`` (459 against 905 us in-batch 128 x 128, whose lowmem needs an inverse
-      map) unless its fp32 buffer the size of D would pass ``UNIFIED_MAX_FP32_BYTES``; then
-      ``lowmem``, whose scratch is a few % of the gradients."""
+      kernel: faster there (above), deterministic, and with no fp32 buffer of D's size (a step at
+      32 x 32 candidates (32, 300) peaks at 76 MB above the inputs against unified's 226 MB);
+    - otherwise ``unified`` (1.86 against 7.9 ms per step in-batch 128 x 128, where lowmem
+      needs an inverse map of the argmax) unless its fp32 buffer the size of D would pass
+      ``UNIFIED_MAX_FP32_BYTES``; then ``lowmem``, whose scratch is a few % of the gradients."""
     if backward != "auto":
         return backward
     if D.shape[0] != 1 and Lq <= LISTS_MAX_LQ:
@@ -203,7 +198,7 @@ def maxsim(
         backward: how grad_D is reduced when Q or D requires grad: ``"unified"`` (fp32 atomics
             into an fp32 buffer the size of D: fastest, last bits vary run to run), ``"lowmem"``
             (each document token sums its own contributions: no atomics, no fp32 buffer,
-            bitwise deterministic) or ``"auto"`` (lowmem for candidate lists with Lq <= 128, else unified
+            bitwise deterministic) or ``"auto"`` (lowmem for candidate lists with Lq <= 256, else unified
             unless its fp32 buffer would pass 2 GiB).
 
     Returns:
@@ -228,7 +223,7 @@ def maxsim(
         )
     multiply = mask_mode == "multiply"
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
-    if _through_dispatcher():
+    if through_dispatcher():
         scores, argmax = dense_forward(
             p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
             choose_strategy(backward, p.D, p.Q.shape[1]),
