@@ -18,7 +18,8 @@ from maxsim._dispatch import interpreting
 DEFAULT_STAGES = 3
 
 _COMPILED: dict = {}
-_SPECIALIZED: dict = {}  # id(kernel) -> _value_specialized(kernel)
+# Keyed by the kernel itself, not its id(): a kernel that was collected could pass its id on.
+_SPECIALIZED: dict = {}  # kernel -> _value_specialized(kernel)
 _FAST_PATH = {"enabled": True}
 _I32 = 2**31
 
@@ -34,12 +35,12 @@ def _arg_class(arg, value_specialized: bool):
 def _value_specialized(kernel) -> tuple[bool, ...] | None:
     """Per parameter, whether Triton specialises an integer argument on its value (not listed in
     the kernel's ``do_not_specialize``); None if this Triton does not expose its parameters."""
-    flags = _SPECIALIZED.get(id(kernel))
+    flags = _SPECIALIZED.get(kernel)
     if flags is None:
         params = getattr(kernel, "params", None)
         if params is None or not all(hasattr(p, "do_not_specialize") for p in params):
             return None
-        flags = _SPECIALIZED[id(kernel)] = tuple(not p.do_not_specialize for p in params)
+        flags = _SPECIALIZED[kernel] = tuple(not p.do_not_specialize for p in params)
     return flags
 
 
@@ -54,7 +55,7 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         return
     key = (
-        id(kernel), torch.cuda.current_device(), tuple(constexprs.values()), num_warps, num_stages,
+        kernel, torch.cuda.current_device(), tuple(constexprs.values()), num_warps, num_stages,
         tuple(_arg_class(a, s) for a, s in zip(args, flags)),
     )
     compiled = _COMPILED.get(key)
