@@ -1,6 +1,6 @@
 """Sweep the dense forward kernel's tile configurations on the benchmark shapes (GPU only).
 
-    python benchmarks/tune_forward.py [--shapes a,b] [--quick]
+    python benchmarks/tune_forward.py [--shapes a,b]     (any shape of maxsim.bench.shapes, or a set: sweep)
 
 For each shape: checks the default configuration against the reference, then times a grid of
 (BM, BN, num_warps, num_stages, waves) and prints the best few with % of the floor. The results
@@ -17,7 +17,7 @@ import torch
 import triton
 
 from maxsim._tuning import ForwardConfig, forward_config, next_pow2
-from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs
+from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs, shapes_by_name
 from maxsim.dense.forward import maxsim_forward
 from maxsim.reference import maxsim_reference
 
@@ -38,10 +38,16 @@ def candidate_configs(shape, dtype):
         yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3, row_max=True)
 
 
-def time_config(Q, D, qm, dm, cfg):
+def time_config(Q, D, qm, dm, cfg, ref=None):
+    """Median ms of the forward at ``cfg``; with ``ref``, a configuration whose scores are off
+    (relative error > 1e-4) raises instead of being timed."""
     fn = lambda: maxsim_forward(Q, D, qm, dm, config=cfg)  # noqa: E731
-    fn()
+    out = fn()[0]
     torch.cuda.synchronize()
+    if ref is not None:
+        err = ((out - ref).abs().max() / ref.abs().max()).item()
+        if not err <= 1e-4:
+            raise ValueError(f"wrong scores (rel err {err:.1e})")
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
@@ -50,7 +56,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="")
     args = ap.parse_args(argv)
     names = [s for s in args.shapes.split(",") if s]
-    shapes = [s for s in GPU_SHAPES if not names or s.name in names]
+    shapes = shapes_by_name(names) if names else GPU_SHAPES
     summary = []
     for shape in shapes:
         Q, D, qm, dm = make_inputs(shape, "cuda")
@@ -64,8 +70,8 @@ def main(argv=None):
         results = []
         for cfg in candidate_configs(shape, Q.dtype):
             try:
-                ms = time_config(Q, D4, qm, dm4, cfg)
-            except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
+                ms = time_config(Q, D4, qm, dm4, cfg, ref)
+            except Exception as e:  # noqa: BLE001 - a config that does not compile (or is wrong) is a result
                 print(f"  {shape.name} {cfg}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
             results.append((ms, cfg))
@@ -77,9 +83,9 @@ def main(argv=None):
         for stages, waves in itertools.product((2, 3, 4), (1, 2, 4, 8, 16)):
             cfg = ForwardConfig(best.BM, best.BN, best.BK, best.num_warps, stages, waves, best.row_max)
             try:
-                ms = time_config(Q, D4, qm, dm4, cfg)
+                ms = time_config(Q, D4, qm, dm4, cfg, ref)
             except Exception as e:  # noqa: BLE001
-                print(f"  {shape.name} {cfg}: failed {type(e).__name__}", flush=True)
+                print(f"  {shape.name} {cfg}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
             results.append((ms, cfg))
         results.sort(key=lambda r: r[0])
