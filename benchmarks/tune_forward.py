@@ -32,10 +32,14 @@ def candidate_configs(shape, dtype):
             continue
         yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
     # Per-tile row reduction: only the accumulator lives in registers, so wider tiles fit.
-    for bm, bn, warps, bk in itertools.product(bms, (64, 128, 256), (4, 8), bks):
+    # Two pipeline depths. By our count 3 stages of BM=256 x BN=128 x BK=128 hold ~160 KB of shared
+    # memory: one program per SM, whose max epilogue leaves the tensor cores idle. 2 stages of a
+    # 128 x 128 tile (~96 KB) can fit two programs per SM, so that one's epilogue may run during
+    # the other's MMAs (not yet measured).
+    for bm, bn, warps, bk, stages in itertools.product(bms, (64, 128, 256), (4, 8), bks, (2, 3)):
         if bm < 64 or bm * bn > 256 * 128 or (bm == 256 and warps == 4):
             continue
-        yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3, row_max=True)
+        yield ForwardConfig(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, row_max=True)
 
 
 def time_config(Q, D, qm, dm, cfg, ref=None):
