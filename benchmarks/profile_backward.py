@@ -39,18 +39,7 @@ def main():
             ("unified", lambda q, d: maxsim.maxsim(q, d, backward="unified")),
             ("lowmem", lambda q, d: maxsim.maxsim(q, d, backward="lowmem")),
         ]:
-            total, lines = kernels_of_step(fn, (Q, D), (Q, D), labels)
-            if name == "unified" and shape.candidates:
-                # Host side of a step (the GPU finishes in a fraction of it on this shape).
-                import cProfile
-                import pstats
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(50):
-                    train_step(fn, (Q, D), (Q, D), labels)
-                prof.disable()
-                torch.cuda.synchronize()
-                pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+            total, lines = kernels_of_step(fn, (Q, D), (Q, D), labels)  # host side: profile_train_host.py
             print(f"{shape.name} {name}: {total:.1f} us of kernels per step")
             print("\n".join(lines))
 

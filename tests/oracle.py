@@ -21,8 +21,7 @@ def oracle(Q, D, q_mask=None, d_mask=None, *, normalize=False, mask_mode="exclud
     Q = Q.double().cpu()
     D = D.double().cpu()
     if normalize:
-        Q = Q / Q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        D = D / D.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        Q, D = _unit(Q), _unit(D)
     for i in range(Nq):
         for j in range(Nd):
             doc = D[i, j] if cand else D[j]  # [Ld, d]

@@ -9,7 +9,7 @@ break: the ops have fake implementations) and ``torch.library.opcheck`` see one 
 
 Outside ``torch.compile`` the dispatcher is skipped: inference calls the launcher directly, and
 training goes through ``_DenseMaxSim``, a ``torch.autograd.Function`` with the same context and
-backward as the ops' autograd registration. Same kernels, less host time per call, which is what
+backward as the ops' autograd registration (:mod:`maxsim._autograd`). Same kernels, less host time per call, which is what
 sets the step time of small training shapes (the custom op's Python layers cost more than the GPU
 work there).
 """
@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from maxsim import _checks, reference
+from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, through_dispatcher
 from maxsim.dense.backward import maxsim_backward
 from maxsim.dense.forward import maxsim_forward
@@ -33,9 +34,7 @@ def _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, stra
     scores, argmax = maxsim_forward(
         Q, D, q_mask, d_mask, normalize=normalize, multiply=multiply, save_argmax=save_argmax
     )
-    if argmax is None:
-        argmax = torch.empty(0, dtype=torch.int32, device=Q.device)
-    return scores, argmax
+    return scores, argmax_or_empty(argmax, Q.device)
 
 
 def _backward_launch(grad, Q, D, argmax, normalize, strategy):
@@ -92,9 +91,8 @@ def _setup_context(ctx, inputs, output):
     # The argmax output has no gradient: without this, autograd would hand the backward a zero
     # int32 tensor of the argmax's size (measured: one more argmax of memory at the peak).
     ctx.set_materialize_grads(False)
-    ctx.normalize = normalize
-    ctx.strategy = strategy
     ctx.has_argmax = save_argmax
+    ctx.backward_args = (normalize, strategy)
     if save_argmax and multiply and d_mask is not None:
         # PyLate's rule: a masked winner (similarity forced to 0) passes no gradient.
         winner_real = torch.gather(d_mask.expand(Q.shape[0], -1, -1), 2, argmax.clamp_min(0).long())
@@ -102,42 +100,10 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(Q, D, argmax)
 
 
-def _grads(ctx, grad_scores, backward_fn):
-    """(grad_Q, grad_D, None x 6) from the saved context; ``backward_fn`` is the backward op (under
-    the dispatcher) or its launcher (eager)."""
-    if not ctx.has_argmax:
-        raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
-    if grad_scores is None:  # the scores took no part in the loss
-        return (None,) * 8
-    Q, D, argmax = ctx.saved_tensors
-    grad_Q, grad_D = backward_fn(grad_scores, Q, D, argmax, ctx.normalize, ctx.strategy)
-    return grad_Q, grad_D, None, None, None, None, None, None
-
-
-def _backward(ctx, grad_scores, _grad_argmax):
-    return _grads(ctx, grad_scores, dense_backward)
-
-
-dense_forward.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _DenseMaxSim(torch.autograd.Function):
-    """Eager training path: ``dense_forward``'s implementation and autograd rule, called without
-    the dispatcher (same arguments, same outputs, same saved tensors). The forward takes ``ctx``
-    itself: a separate ``setup_context`` would make ``apply`` bind its arguments through
-    ``inspect`` on every call."""
-
-    @staticmethod
-    def forward(ctx, Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
-        inputs = (Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
-        output = _forward_launch(*inputs)
-        ctx.mark_non_differentiable(output[1])
-        _setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_scores, _grad_argmax):
-        return _grads(ctx, grad_scores, _backward_launch)
+# Autograd for the op, and the eager training path: the same implementation and rule.
+_DenseMaxSim = make_differentiable(
+    "_DenseMaxSim", dense_forward, dense_backward, _setup_context, _forward_launch, _backward_launch, n_inputs=8
+)
 
 
 # Largest fp32 grad_D buffer that backward="auto" accepts before it turns to lowmem.
@@ -223,14 +189,12 @@ def maxsim(
         )
     multiply = mask_mode == "multiply"
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
-    if through_dispatcher():
-        scores, argmax = dense_forward(
+    compiling = through_dispatcher()
+    if compiling or needs_grad:
+        op = dense_forward if compiling else _DenseMaxSim.apply
+        scores, argmax = op(
             p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
             choose_strategy(backward, p.D, p.Q.shape[1]),
-        )
-    elif needs_grad:
-        scores, argmax = _DenseMaxSim.apply(
-            p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, True, choose_strategy(backward, p.D, p.Q.shape[1])
         )
     else:
         scores, argmax = maxsim_forward(

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from maxsim import _checks, reference
+from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, through_dispatcher
 from maxsim.dense.ops import BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
@@ -17,9 +18,7 @@ from maxsim.varlen.packing import pack, packed_to_padded
 def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy):
     """The forward op's body (``strategy`` is for the backward only)."""
     scores, argmax = varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax)
-    if argmax is None:
-        argmax = torch.empty(0, dtype=torch.int32, device=q.device)
-    return scores, argmax
+    return scores, argmax_or_empty(argmax, q.device)
 
 
 @torch.library.custom_op("maxsim::varlen_forward", mutates_args=())
@@ -71,45 +70,16 @@ def _(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy):
 def _varlen_setup_context(ctx, inputs, output):
     q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy = inputs
     ctx.set_materialize_grads(False)  # no zero tensor the size of the argmax for its "gradient"
-    ctx.strategy = strategy
     ctx.has_argmax = save_argmax
+    ctx.backward_args = (strategy,)
     ctx.save_for_backward(q, d, cu_q, cu_d, pair_q, pair_d, output[1])
 
 
-def _varlen_grads(ctx, grad_scores, backward_fn):
-    """(grad_q, grad_d, None x 7) from the saved context; ``backward_fn`` is the backward op (under
-    the dispatcher) or its launcher (eager)."""
-    if not ctx.has_argmax:
-        raise RuntimeError("maxsim: the forward ran without saving the argmax; it cannot be differentiated")
-    if grad_scores is None:  # the scores took no part in the loss
-        return (None,) * 9
-    q, d, cu_q, cu_d, pair_q, pair_d, argmax = ctx.saved_tensors
-    grad_q, grad_d = backward_fn(grad_scores, q, d, cu_q, cu_d, pair_q, pair_d, argmax, ctx.strategy)
-    return grad_q, grad_d, None, None, None, None, None, None, None
-
-
-def _varlen_backward(ctx, grad_scores, _grad_argmax):
-    return _varlen_grads(ctx, grad_scores, varlen_backward_op)
-
-
-varlen_forward_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
-
-
-class _VarlenMaxSim(torch.autograd.Function):
-    """Eager training path: ``varlen_forward_op``'s implementation and autograd rule without the
-    dispatcher (as ``maxsim.dense.ops._DenseMaxSim``)."""
-
-    @staticmethod
-    def forward(ctx, q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy):
-        inputs = (q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy)
-        output = _forward_launch(*inputs)
-        ctx.mark_non_differentiable(output[1])
-        _varlen_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_scores, _grad_argmax):
-        return _varlen_grads(ctx, grad_scores, varlen_backward)
+# Autograd for the op, and the eager training path: the same implementation and rule.
+_VarlenMaxSim = make_differentiable(
+    "_VarlenMaxSim", varlen_forward_op, varlen_backward_op, _varlen_setup_context, _forward_launch, varlen_backward,
+    n_inputs=9,
+)
 
 
 def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
@@ -118,10 +88,10 @@ def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
     strategy = "unified" if backward == "auto" else backward
-    if through_dispatcher():
-        return varlen_forward_op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, needs_grad, strategy)[0]
-    if needs_grad:
-        return _VarlenMaxSim.apply(q, d, cu_q, cu_d, pair_q, pair_d, max_q, True, strategy)[0]
+    compiling = through_dispatcher()
+    if compiling or needs_grad:
+        op = varlen_forward_op if compiling else _VarlenMaxSim.apply
+        return op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, needs_grad, strategy)[0]
     return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d)[0]
 
 
