@@ -22,7 +22,7 @@ for step in "$@"; do
     bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;
     hostprof) python3 benchmarks/profile_train_host.py 2>&1 | tee "$OUT/hostprof.log" ;;
     overlap) { python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_overlap_gpu.py && python3 benchmarks/overlap_bench.py; } 2>&1 | tee "$OUT/overlap.log" ;;
-    train) python3 -m maxsim bench --mode train --quick --timeout 90 --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
+    train) python3 -m maxsim bench --mode train --quick --timeout 60 --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
     sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
     bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;

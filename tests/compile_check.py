@@ -79,8 +79,13 @@ def ptxas_report(ptx: str) -> str:
 def dense_forward_variants():
     base = dict(BM=256, BN=64, BK=128, NUM_K=1, SEG=32, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
                 NORMALIZE=False, SAVE_ARGMAX=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False,
-                ROW_MAX=True)
-    ptrs = dict(q_ptr="fp16", d_ptr="fp16", qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32")
+                ROW_MAX=True, USE_TMA=False)
+    ptrs = dict(q_ptr="fp16", d_ptr="fp16", d_desc="fp16", qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32",
+                argmax_ptr="i32")
+
+    def tma(consts, dt="fp16"):  # document tiles through a TMA descriptor [G, Nd*Ld, d], box [1, BN, BK]
+        return dict(consts, USE_TMA=True), dict(ptrs, q_ptr=dt, d_ptr=dt, d_desc=f"tensordesc<{dt}[1,{consts['BN']},{consts['BK']}]>")
+
     yield "fwd short stacked (32q x 100K)", base, ptrs, 8, 3
     yield "fwd long query (ColPali)", dict(base, BN=128, SEG=256), ptrs, 8, 3
     yield "fwd 128 rows running max", dict(base, BM=128, SEG=128, ROW_MAX=False), ptrs, 8, 3
@@ -94,6 +99,12 @@ def dense_forward_variants():
                                              NORMALIZE=True, HAS_QMASK=True, HAS_DMASK=True), \
         dict(ptrs, q_ptr="bf16", d_ptr="bf16"), 4, 3
     yield "fwd argmax running max", dict(base, BM=128, SEG=128, ROW_MAX=False, SAVE_ARGMAX=True), ptrs, 8, 3
+    yield "fwd TMA short stacked (32q x 100K)", *tma(dict(base, BN=128)), 8, 3
+    yield "fwd TMA long query in-batch", *tma(dict(base, BM=128, BN=128, SEG=128), "bf16"), 4, 2
+    yield "fwd TMA ColPali-long", *tma(dict(base, BM=128, BN=256, SEG=128)), 8, 3
+    yield "fwd TMA d=768", *tma(dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32)), 8, 3
+    yield "fwd TMA argmax masks+multiply+normalize", *tma(dict(base, BM=64, BN=128, SEG=64, SAVE_ARGMAX=True, HAS_QMASK=True,
+                                                           HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), "bf16"), 4, 3
     yield "fwd fp32 ieee", dict(base, BM=128, BN=32, BK=64, NUM_K=2, SEG=32, DOT_PRECISION="ieee", ROW_MAX=False), \
         dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 4, 2
 
@@ -142,7 +153,8 @@ def varlen_variants():
 EXPECT_WGMMA = {
     "fwd short stacked (32q x 100K)", "fwd long query (ColPali)", "fwd 128 rows running max", "fwd d=768",
     "fwd masks+multiply+normalize", "fwd argmax (training)", "fwd argmax in-batch 128-token queries",
-    "fwd argmax running max", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
+    "fwd argmax running max", "fwd TMA short stacked (32q x 100K)", "fwd TMA long query in-batch",
+    "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
 }
 
 

@@ -174,7 +174,7 @@ def test_gpu_shape_set_is_the_specified_one():
     names = [s.name for s in GPU_SHAPES]
     assert names == [
         "1q_x_100k", "32q_x_100k", "colpali_1x1k", "1x1k_128x1024",
-        "inbatch_128x128", "masked_64x64", "d768_32x10k",
+        "inbatch_128x128", "masked_64x64", "1x1k_32x300", "d768_32x10k",
     ]  # fmt: skip
     assert [s.name for s in CPU_SHAPES] == [n + "_cpu" for n in names]
 

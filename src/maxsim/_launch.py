@@ -11,6 +11,7 @@ interpreter, or any sign that Triton's internals changed falls back to the ordin
 from __future__ import annotations
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from maxsim._dispatch import interpreting
 
@@ -27,6 +28,8 @@ _I32 = 2**31
 def _arg_class(arg, value_specialized: bool):
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16
+    if isinstance(arg, TensorDescriptor):  # specialised on its element type and box
+        return arg.base.dtype, tuple(arg.block_shape), arg.padding
     if value_specialized:
         return arg % 16, arg == 1, -_I32 <= arg < _I32
     return -_I32 <= arg < _I32

@@ -30,6 +30,8 @@ class ForwardConfig:
     BN: document tokens per tile.  BK: embedding dims per ``tl.dot`` (d > BK loops over d).
     waves: programs launched per multiprocessor; sets how many documents each program walks.
     row_max: reduce each tile to a per-row max at once instead of a running [BM, BN] max.
+    tma: load document tiles through the tensor-memory accelerator (16-bit D whose tokens form
+        one strided run of rows per query group; other inputs fall back to pointer loads).
     """
 
     BM: int
@@ -39,6 +41,7 @@ class ForwardConfig:
     num_stages: int
     waves: int = 2
     row_max: bool = False
+    tma: bool = False
 
 
 @functools.lru_cache(maxsize=16)
@@ -52,43 +55,57 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     """The forward tile configuration for a shape: depends on power-of-two buckets of Lq, Nq and d,
     the dtype and the layout only, so new batch sizes and document lengths never compile again.
 
-    From sweeps on an H200 (kernel time by CUDA-graph replay; BENCHMARKS.md,
-    benchmarks/tune_forward.py, benchmarks/profile_small.py):
-    - many query rows per document tile (>= 256): BM=256, 8 warps, per-tile row max (71 % of the
-      compute floor at 32 x 100K against 56 % with BM=128 and the running [BM, BN] max); long
-      queries (>= 128 tokens: in-batch training, ColPali) prefer BN=128 (957 against 1070 us at
-      128 x 128 x 128 x 1024);
-    - d > 128: BK=64 chunks with BM=128, BN=128 (shared memory caps wider tiles);
-    - 128 rows: BM=128, BN=64, running max;
-    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
-    - about 2 programs per multiprocessor, each walking a run of documents, beat more, shorter ones,
-      except for short stacked queries and wide d (8);
-    - with the argmax (training), the row-max variant also holds the winning tile [BM, BN]: BN=64
-      keeps both tiles in registers.
+    From sweeps on an H200 (kernel time; BENCHMARKS.md, benchmarks/tune_forward.py). Every
+    compute-bound 16-bit shape loads its document tiles through TMA (``tma``; 5.37 against 5.87 ms
+    at 32 x 100K, 0.847 against 0.885 at in-batch 128 x 128) and reduces each tile to a per-row max
+    at once (``row_max``: only the accumulator lives in registers, so wider tiles fit):
+    - short queries stacked to >= 256 rows (32 x 100K, masked 64 x 64): BM=256, BN=64, 2 stages,
+      pointer loads (5.87 ms, 72 %, at 32 x 100K and 24 us at masked 64 x 64). TMA with BN=128,
+      3 stages and one program per multiprocessor is faster on big corpora (5.37 ms) but 3x slower
+      on small calls (79 us at masked 64 x 64), and the rule cannot look at Nd without compiling
+      again: it is a neighbour that MAXSIM_AUTOTUNE=1 tries;
+    - long queries (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, so that two
+      programs share a multiprocessor and one's max epilogue runs during the other's MMAs;
+      ColPali-long queries (>= 512 tokens): BN=256, 8 warps;
+    - d > 128: BK=64 chunks (shared memory caps wider ones), BM=BN=128;
+    - one block of 128 rows (one 128-token query): BM=128, BN=64;
+    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128, pointer
+      loads (these shapes already stream at the memory's rate);
+    - with the argmax (training) the row-max variant also holds the winning tile [BM, BN]: BM=64
+      keeps both in registers (1.07 against 1.38 ms at in-batch 128 x 128); short queries keep
+      BM=256, BN=64, 3 stages, 8 programs per multiprocessor.
     """
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     bk = max(16, next_pow2(d))
+    compute_bound = rows >= 256  # many query rows share each document tile
     if dtype == torch.float32:
         # IEEE fp32 dots run on the FMA units: modest tiles, a running max.
         cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=32, BK=min(64, bk), num_warps=4, num_stages=2)
+    elif d > 128 and rows >= 128:
+        cfg = ForwardConfig(BM=128, BN=128, BK=64, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
     elif d > 128:
-        cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=128, BK=64, num_warps=4, num_stages=3, waves=8,
-                            row_max=True)
-    elif rows >= 256 and seg >= 128:
-        cfg = ForwardConfig(BM=256, BN=128, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True)
-    elif rows >= 256:
-        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
+        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=64, num_warps=4, num_stages=3, waves=8, row_max=True)
+    elif compute_bound and seg >= 512:
+        cfg = ForwardConfig(BM=128, BN=256, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
+    elif compute_bound and seg >= 128:
+        cfg = ForwardConfig(BM=128, BN=128, BK=bk, num_warps=4, num_stages=2, waves=2, row_max=True, tma=True)
+    elif compute_bound:
+        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=2, waves=2, row_max=True)
     elif rows >= 128:
-        cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
+        cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=4, num_stages=3, waves=2, row_max=True, tma=True)
     else:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
-    if argmax and cfg.row_max and cfg.BN > 64:
+    if argmax and cfg.row_max and compute_bound and seg < 128 and d <= 128:
+        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
+    elif argmax and cfg.row_max and compute_bound and d <= 128:
+        cfg = ForwardConfig(BM=64, BN=128, BK=bk, num_warps=4, num_stages=3, waves=1, row_max=True, tma=True)
+    elif argmax and cfg.row_max and cfg.BN > 64:
         cfg = dataclasses.replace(cfg, BN=64)
     if interpret:
         # The interpreter runs one program at a time: few, small programs, no pipelining.
         return ForwardConfig(BM=min(cfg.BM, 64), BN=min(cfg.BN, 64), BK=cfg.BK, num_warps=4, num_stages=1,
-                             waves=1, row_max=cfg.row_max)
+                             waves=1, row_max=cfg.row_max, tma=cfg.tma)
     return cfg
 
 
@@ -125,9 +142,12 @@ def neighbour_configs(rule: ForwardConfig) -> list[ForwardConfig]:
         (rule.BM, rule.BN, rule.num_warps, rule.row_max, 8 if rule.waves == 2 else 2),
         (max(16, rule.BM // 2), rule.BN, 4, rule.row_max, rule.waves),
     ):
-        cfg = ForwardConfig(BM, BN, rule.BK, warps, rule.num_stages, waves, row_max)
+        cfg = ForwardConfig(BM, BN, rule.BK, warps, rule.num_stages, waves, row_max, rule.tma)
         if cfg not in out and BM * BN <= 256 * 128:
             out.append(cfg)
+    if rule.row_max and rule.BM == 256 and not rule.tma:  # (16-bit: the fp32 rule has no row max)
+        # Big corpora of short stacked queries: TMA tiles, 3 stages, one program per multiprocessor.
+        out.append(ForwardConfig(256, 128, rule.BK, 8, 3, 1, True, True))
     return out
 
 

@@ -169,6 +169,40 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
             assert torch.equal(arg.long().cpu(), ref_arg)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+def test_tma_document_tiles_match_the_oracle(dtype, layout):
+    # Document tiles through TMA read past a document's end into the next one (and past the last
+    # one into zero fill): masking must hide both, with and without masks, normalize and argmax.
+    from maxsim._tuning import ForwardConfig
+    from maxsim.dense.forward import _tma_ready, maxsim_forward
+
+    Nq, Nd, Lq, Ld, d = 3, 5, 20, 45, 40  # Ld ragged against BN, d against BK (two K chunks)
+    Q = small_ints(Nq, Lq, d, dtype=dtype)
+    D = small_ints(Nq if layout == "candidates" else 1, Nd, Ld, d, dtype=dtype)
+    D[..., 44, :] = D[..., 3, :]  # an exact tie across tiles
+    q_mask = torch.rand(Nq, Lq, device=KERNEL_DEVICE) > 0.2
+    d_mask = torch.rand(D.shape[:-1], device=KERNEL_DEVICE) > 0.3
+    d_mask[:, 1] = False
+    cfg = ForwardConfig(BM=32, BN=16, BK=32, num_warps=4, num_stages=1, waves=1, row_max=True, tma=True)
+    assert _tma_ready(D, cfg)
+    D_view = D if layout == "candidates" else D[0]
+    dm_view = d_mask if layout == "candidates" else d_mask[0]
+    for qm, dm, mask_mode in ((None, None, "exclude"), (q_mask, d_mask, "exclude"), (q_mask, d_mask, "multiply")):
+        ref, ref_arg = oracle(Q, D_view, qm, dm_view if dm is not None else None, mask_mode=mask_mode)
+        out, arg = maxsim_forward(Q, D, qm, dm, multiply=mask_mode == "multiply", save_argmax=True, config=cfg)
+        assert torch.equal(out.double().cpu(), ref)
+        assert torch.equal(arg.long().cpu(), ref_arg)
+    ref = maxsim_reference(Q, D_view, normalize=True)
+    out, _ = maxsim_forward(Q, D, None, None, normalize=True, config=cfg)
+    assert rel_err(out, ref) < 1e-5
+    # A layout TMA cannot take (tokens not one run of rows) falls back to pointer loads.
+    D_strided = torch.cat([D, D], dim=2)[:, :, :Ld]
+    assert not _tma_ready(D_strided, cfg)
+    out, _ = maxsim_forward(Q, D_strided, None, None, config=cfg)
+    assert torch.equal(out.double().cpu(), oracle(Q, D_strided if layout == "candidates" else D_strided[0])[0])
+
+
 def test_random_shapes_and_masks_fuzz():
     # Fresh random shapes, layouts, masks and flags each run: the kernel must match the oracle.
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))

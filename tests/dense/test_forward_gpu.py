@@ -67,14 +67,19 @@ def test_argmax_exact_with_integer_inputs():
     assert torch.equal(out, ref) and torch.equal(arg, ref_arg)
 
 
-# One shape per branch of the tile rule (maxsim._tuning.forward_config), both layouts.
+# One shape per branch of the tile rule (maxsim._tuning.forward_config), both layouts; each runs
+# the inference configuration (scores only) and the training one (with the argmax).
 ARGMAX_REGIMES = [
-    (64, 64, 32, 180, 128, False),  # BM=256, BN=64, per-tile row max
-    (16, 16, 128, 1024, 128, False),  # BM=256, BN=128, per-tile row max
-    (4, 100, 32, 300, 128, False),  # BM=128, running [BM, BN] max
+    (64, 64, 32, 180, 128, False),  # short stacked queries: BM=256, BN=64, 2 stages, pointer loads
+    (16, 16, 128, 1024, 128, False),  # long queries: BM=BN=128, 2 stages, TMA
+    (2, 24, 1024, 300, 128, False),  # ColPali-long queries: BN=256, query chunks, TMA
+    (1, 100, 128, 300, 128, False),  # one 128-row block: BM=128, BN=64, TMA
+    (4, 100, 16, 300, 128, False),  # 64 rows: bandwidth-bound, pointer loads
     (1, 100, 32, 300, 128, False),  # small BM, running max
-    (8, 64, 32, 128, 768, False),  # d > 128: K loop, row max
+    (8, 64, 32, 128, 768, False),  # d > 128: K loop, row max, TMA
+    (1, 64, 32, 128, 768, False),  # d > 128, few rows: pointer loads
     (16, 32, 32, 300, 128, True),  # candidate lists
+    (4, 32, 128, 300, 128, True),  # candidate lists of 128-token queries: TMA per query group
 ]
 
 
@@ -94,6 +99,7 @@ def test_argmax_exact_in_every_regime(regime, masks, mask_mode):
     ref, ref_arg = maxsim_reference(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
     bad = (arg != ref_arg).nonzero()
     assert torch.equal(out, ref), (out - ref).abs().max()
+    assert torch.equal(maxsim.maxsim(Q, D, qm, dm, mask_mode=mask_mode), ref)
     assert bad.numel() == 0, f"{len(bad)} argmax mismatches, first {bad[:4].tolist()}: {arg[tuple(bad[:4].T)].tolist()} vs {ref_arg[tuple(bad[:4].T)].tolist()}"
 
 

@@ -68,6 +68,7 @@ GPU_SHAPES = [
     Shape("1x1k_128x1024", 1, 1_000, 128, 1024),
     Shape("inbatch_128x128", 128, 128, 128, 1024, dtype="bf16"),
     Shape("masked_64x64", 64, 64, 32, 180, dtype="bf16", masked=True),
+    Shape("1x1k_32x300", 1, 1_000, 32, 300),  # a small serving call: one query, one candidate page
     Shape("d768_32x10k", 32, 10_000, 32, 128, d=768),
 ]
 
@@ -79,6 +80,7 @@ CPU_SHAPES = [
     Shape("1x1k_128x1024_cpu", 1, 32, 128, 1024),
     Shape("inbatch_128x128_cpu", 8, 8, 128, 512, dtype="bf16"),
     Shape("masked_64x64_cpu", 16, 16, 32, 180, dtype="bf16", masked=True),
+    Shape("1x1k_32x300_cpu", 1, 100, 32, 300),
     Shape("d768_32x10k_cpu", 2, 100, 32, 128, d=768),
 ]
 

@@ -19,6 +19,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from maxsim._dispatch import interpreting
 from maxsim._kernels import max_nan, stacked_rows
@@ -42,11 +43,18 @@ POISON_OUTPUTS = False
 
 
 @triton.jit
-def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim,
+def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc, i_group, d_row0, k0,
                LOAD_Q: tl.constexpr, EVEN_K: tl.constexpr, NORMALIZE: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """b_s += Q[:, o_kk] @ D[:, o_kk]^T for one chunk of the embedding dim; returns (b_s, d_sq)."""
-    if EVEN_K:
+               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, USE_TMA: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr):
+    """b_s += Q[:, o_kk] @ D[:, o_kk]^T for one chunk of the embedding dim; returns (b_s, d_sq).
+
+    With USE_TMA the document tile [BN, BK] comes through the tensor-memory accelerator from row
+    ``d_row0`` of the group's flattened ``[Nd*Ld, d]`` tokens (rows past a document's end belong to
+    the next one and are masked by the caller; past the group's end they read as 0)."""
+    if USE_TMA:
+        b_d = tl.reshape(d_desc.load([i_group, d_row0, k0]), [BN, BK])  # [BN, BK]
+    elif EVEN_K:
         b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
     else:
         b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
@@ -70,7 +78,8 @@ def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim,
 # specialised: their divisibility by 16 gives 16-byte loads.
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "n_chunks", "docs_per_program", "stride_dmq", "stride_dmn"])
 def _maxsim_fwd_kernel(
-    q_ptr, d_ptr, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
+    q_ptr, d_ptr, d_desc,  # d_desc: a TMA descriptor of D as [Nq|1, Nd*Ld, d] (USE_TMA), else unused
+    qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
     Nq, Nd, Lq, Ld, dim,
     n_chunks, docs_per_program,
     stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
@@ -83,6 +92,7 @@ def _maxsim_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,  # Triton's interpreter computes bf16 dots wrongly: upcast there
     ROW_MAX: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
@@ -113,6 +123,7 @@ def _maxsim_fwd_kernel(
     doc0 = i_n * docs_per_program
     n_docs = tl.minimum(docs_per_program, Nd - doc0)
     p_d_base = d_ptr + i_qgroup.to(tl.int64) * stride_dq  # documents of this query (candidates) or all
+    i_dgroup = tl.where(stride_dq != 0, i_qgroup, 0)  # the same, as the TMA descriptor's first coordinate
     p_dm_base = dmask_ptr + i_qgroup.to(tl.int64) * stride_dmq
     o_n = tl.arange(0, BN)
 
@@ -147,12 +158,14 @@ def _maxsim_fwd_kernel(
             # One dot against the query block that stays on chip (no inner loop, so the
             # software pipeline runs over the (document, tile) loop itself).
             b_s, d_sq = _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
-                                   False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST)
+                                   d_desc, i_dgroup, j * Ld + i_t * BN, 0,
+                                   False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         else:
             # Wide embeddings: a K-loop streaming [BM, BK] and [BN, BK] chunks (query from L2).
             for kk in range(NUM_K):
                 b_s, d_sq = _dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
-                                       True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST)
+                                       d_desc, i_dgroup, j * Ld + i_t * BN, kk * BK,
+                                       True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         if NORMALIZE:
             b_s = b_s * (1.0 / tl.maximum(tl.sqrt(d_sq), 1e-12))[None, :]
 
@@ -314,8 +327,10 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         out.fill_(float("nan"))
         if argmax is not None:
             argmax.fill_(-2)
+    use_tma = cfg.tma and _tma_ready(D, cfg)
+    d_desc = _document_descriptor(D, cfg) if use_tma else D  # any pointer when unused
     args = (
-        Q, D, qm if qm is not None else Q, dm if dm is not None else Q,  # any pointer when absent
+        Q, D, d_desc, qm if qm is not None else Q, dm if dm is not None else Q,  # any pointer when absent
         out, argmax if argmax is not None else out,
         Nq, Nd, Lq, Ld, d,
         n_chunks, docs_per_program,
@@ -330,11 +345,32 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         NORMALIZE=normalize, SAVE_ARGMAX=argmax is not None, EVEN_K=(d % cfg.BK == 0),
         DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
-        ROW_MAX=cfg.row_max,
+        ROW_MAX=cfg.row_max, USE_TMA=use_tma,
     )
     launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out[0] if n_chunks == 1 else out.sum(0)
+
+
+def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
+    """Whether D's tiles can come through TMA: 16-bit elements, each query group's tokens one
+    strided run of rows ``[Nd*Ld, d]`` (stride_dn == Ld * stride_dl) with 16-byte aligned rows, and
+    row coordinates that fit int32. Anything else takes the pointer path (same results)."""
+    G, Nd, Ld, d = D.shape
+    return (
+        D.element_size() == 2
+        and (Nd == 1 or D.stride(1) == Ld * D.stride(2))
+        and D.stride(2) % 8 == 0 and (G == 1 or D.stride(0) % 8 == 0)
+        and D.data_ptr() % 16 == 0 and Nd * Ld + cfg.BN < 2**31
+    )
+
+
+def _document_descriptor(D: torch.Tensor, cfg: ForwardConfig) -> TensorDescriptor:
+    """A TMA descriptor of D as ``[G, Nd*Ld, d]`` loading ``[1, BN, BK]`` boxes (G = 1 when the
+    documents are shared; out-of-range rows and dims read as 0)."""
+    G, Nd, Ld, d = D.shape
+    group_stride = D.stride(0) if G > 1 else Nd * Ld * D.stride(2)
+    return TensorDescriptor(D, [G, Nd * Ld, d], [group_stride, D.stride(2), 1], [1, cfg.BN, cfg.BK])
 
 
 @functools.lru_cache(maxsize=4096)
