@@ -55,25 +55,30 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     """The forward tile configuration for a shape: depends on power-of-two buckets of Lq, Nq and d,
     the dtype and the layout only, so new batch sizes and document lengths never compile again.
 
-    From sweeps on an H200 (kernel time; BENCHMARKS.md, benchmarks/tune_forward.py). Every
-    compute-bound 16-bit shape loads its document tiles through TMA (``tma``; 5.37 against 5.87 ms
-    at 32 x 100K, 0.847 against 0.885 at in-batch 128 x 128) and reduces each tile to a per-row max
-    at once (``row_max``: only the accumulator lives in registers, so wider tiles fit):
-    - short queries stacked to >= 256 rows (32 x 100K, masked 64 x 64): BM=256, BN=64, 2 stages,
-      pointer loads (5.87 ms, 72 %, at 32 x 100K and 24 us at masked 64 x 64). TMA with BN=128,
-      3 stages and one program per multiprocessor is faster on big corpora (5.37 ms) but 3x slower
-      on small calls (79 us at masked 64 x 64), and the rule cannot look at Nd without compiling
-      again: it is a neighbour that MAXSIM_AUTOTUNE=1 tries;
-    - long queries (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, so that two
-      programs share a multiprocessor and one's max epilogue runs during the other's MMAs;
-      ColPali-long queries (>= 512 tokens): BN=256, 8 warps;
-    - d > 128: BK=64 chunks (shared memory caps wider ones), BM=BN=128;
-    - one block of 128 rows (one 128-token query): BM=128, BN=64;
-    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128, pointer
-      loads (these shapes already stream at the memory's rate);
-    - with the argmax (training) the row-max variant also holds the winning tile [BM, BN]: BM=64
-      keeps both in registers (1.07 against 1.38 ms at in-batch 128 x 128); short queries keep
-      BM=256, BN=64, 3 stages, 8 programs per multiprocessor.
+    From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py, the 108-shape sweep):
+    - long queries stacked (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, document
+      tiles through TMA (``tma``), per-tile row max (``row_max``: only the accumulator lives in
+      registers). Two programs share a multiprocessor, so one's max epilogue runs during the
+      other's MMAs: 0.882 against 0.958 ms at in-batch 128 x 128, 0.80-0.97x the old time on 16 of
+      the sweep's 18 shapes of this bucket;
+    - ColPali-long queries (>= 512 tokens): BM=256, BN=128, 8 warps, TMA (0.454 against 0.496 ms at
+      1 x 1K; BN=256 was faster there, 0.436, but 2.2x slower at Ld=128);
+    - d > 128 with >= 128 rows: BK=64 chunks (shared memory caps wider ones), BM=BN=128, 8 warps,
+      TMA (3.51 against 3.77 ms at d=768, 32 x 10K);
+    - short queries stacked to >= 256 rows (32 x 100K, masked 64 x 64): BM=256, BN=64, pointer
+      loads; 2 stages and 2 programs per multiprocessor for d=128 (24 against 35 us at masked
+      64 x 64, 6.22 against 6.42 ms at 32 x 100K), 3 stages and 8 for d <= 64 (7-17 % faster
+      there). TMA with BN=128 and one program per multiprocessor is faster on big corpora
+      (5.37 ms at 32 x 100K) but 3x slower on small calls, and the rule cannot look at Nd
+      without compiling again: it is a neighbour that MAXSIM_AUTOTUNE=1 tries;
+    - one block of 128 rows (one 128-token query): BM=128, BN=64, running [BM, BN] max, pointer
+      loads (TMA was faster on the sweep's 1-10 ms calls but its host-side descriptor costs more
+      than it saves on a 80-us call: 0.105 against 0.083 ms at 1 x 1K);
+    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
+    - with the argmax (training), long queries: BM=64, BN=128, TMA: the row-max variant also holds
+      the winning tile [BM, BN] and BM=64 keeps both in registers (1.07 against 1.38 ms at in-batch
+      128 x 128; a training step 1.55 against 1.86 ms); short queries: BM=256, BN=64, 3 stages,
+      8 programs per multiprocessor.
     """
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
@@ -87,13 +92,15 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     elif d > 128:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=64, num_warps=4, num_stages=3, waves=8, row_max=True)
     elif compute_bound and seg >= 512:
-        cfg = ForwardConfig(BM=128, BN=256, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
+        cfg = ForwardConfig(BM=256, BN=128, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
     elif compute_bound and seg >= 128:
         cfg = ForwardConfig(BM=128, BN=128, BK=bk, num_warps=4, num_stages=2, waves=2, row_max=True, tma=True)
-    elif compute_bound:
+    elif compute_bound and d > 64:
         cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=2, waves=2, row_max=True)
+    elif compute_bound:
+        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
     elif rows >= 128:
-        cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=4, num_stages=3, waves=2, row_max=True, tma=True)
+        cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
     else:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
     if argmax and cfg.row_max and compute_bound and seg < 128 and d <= 128:

@@ -71,15 +71,16 @@ def test_argmax_exact_with_integer_inputs():
 # the inference configuration (scores only) and the training one (with the argmax).
 ARGMAX_REGIMES = [
     (64, 64, 32, 180, 128, False),  # short stacked queries: BM=256, BN=64, 2 stages, pointer loads
-    (16, 16, 128, 1024, 128, False),  # long queries: BM=BN=128, 2 stages, TMA
-    (2, 24, 1024, 300, 128, False),  # ColPali-long queries: BN=256, query chunks, TMA
-    (1, 100, 128, 300, 128, False),  # one 128-row block: BM=128, BN=64, TMA
+    (64, 64, 32, 180, 64, False),  # the same at d=64: 3 stages, 8 programs per multiprocessor
+    (16, 16, 128, 1024, 128, False),  # long queries: BM=BN=128, 2 stages, TMA; argmax BM=64, TMA
+    (2, 24, 1024, 300, 128, False),  # ColPali-long queries: BM=256, BN=128, query chunks, TMA
+    (1, 100, 128, 300, 128, False),  # one 128-row block: BM=128, BN=64, running max
     (4, 100, 16, 300, 128, False),  # 64 rows: bandwidth-bound, pointer loads
     (1, 100, 32, 300, 128, False),  # small BM, running max
     (8, 64, 32, 128, 768, False),  # d > 128: K loop, row max, TMA
     (1, 64, 32, 128, 768, False),  # d > 128, few rows: pointer loads
     (16, 32, 32, 300, 128, True),  # candidate lists
-    (4, 32, 128, 300, 128, True),  # candidate lists of 128-token queries: TMA per query group
+    (4, 32, 128, 300, 128, True),  # candidate lists of 128-token queries
 ]
 
 
