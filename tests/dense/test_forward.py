@@ -203,6 +203,23 @@ def test_tma_document_tiles_match_the_oracle(dtype, layout):
     assert torch.equal(out.double().cpu(), oracle(Q, D_strided if layout == "candidates" else D_strided[0])[0])
 
 
+def test_tma_only_where_a_descriptor_describes_d():
+    # TMA reads D as [G, Nd*Ld, d] rows with 16-byte aligned rows; anything else must keep the
+    # pointer loads (checked without a launch).
+    from maxsim._tuning import ForwardConfig
+    from maxsim.dense.forward import _tma_ready
+
+    cfg = ForwardConfig(BM=128, BN=128, BK=128, num_warps=4, num_stages=2, row_max=True, tma=True)
+    D = torch.zeros(3, 5, 7, 64, dtype=torch.bfloat16)
+    assert _tma_ready(D, cfg) and _tma_ready(D[:1], cfg) and _tma_ready(D[:, 1:3], cfg)
+    assert not _tma_ready(D.float(), cfg)  # fp32 dots keep their own path
+    assert not _tma_ready(D[:, :, 1:], cfg)  # tokens of one group are not one run of rows
+    assert not _tma_ready(D[..., 1:], cfg)  # rows of 63 elements: not 16-byte aligned
+    flat = torch.zeros(3 * 5 * 7 * 64 + 1, dtype=torch.bfloat16)
+    assert not _tma_ready(flat[1:].view(3, 5, 7, 64), cfg)  # base not 16-byte aligned
+    assert not _tma_ready(D.transpose(0, 1).contiguous().transpose(0, 1), cfg)  # documents interleaved across groups
+
+
 def test_random_shapes_and_masks_fuzz():
     # Fresh random shapes, layouts, masks and flags each run: the kernel must match the oracle.
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
