@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [tune] [profile] [overhead] [bwdprof] [hostprof] [overlap] [bench] [sweep] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [tune] [tunetma] [profile] [overhead] [bwdprof] [hostprof] [overlap] [bench] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,9 @@ for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py tests -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     tune)  python3 benchmarks/tune_forward.py 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
+    tunetma) for flags in "" "--tma" "--tma --argmax"; do
+               python3 benchmarks/tune_forward.py --row-max-only $flags --shapes 32q_x_100k,inbatch_128x128,colpali_1x1k,1x1k_128x1024
+             done 2>&1 > "$OUT/tunetma.log"; grep -v "^  " "$OUT/tunetma.log" | tail -40 ;;
     profile) python3 benchmarks/profile_small.py 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
     bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;
@@ -25,6 +28,8 @@ for step in "$@"; do
     train) python3 -m maxsim bench --mode train --quick --timeout 60 --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
     sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
+    sweeppeers) python3 -m maxsim bench --shapes sweep --quick --providers maxsim,late-interaction-kernels,flash-maxsim \
+                  --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
     bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
