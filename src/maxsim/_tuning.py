@@ -103,10 +103,11 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
         cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
     else:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
-    if argmax and cfg.row_max and compute_bound and seg < 128 and d <= 128:
-        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
-    elif argmax and cfg.row_max and compute_bound and d <= 128:
-        cfg = ForwardConfig(BM=64, BN=128, BK=bk, num_warps=4, num_stages=3, waves=1, row_max=True, tma=True)
+    if argmax and cfg.row_max and compute_bound and d <= 128:
+        if seg < 128:  # the inference tile (BM=256, BN=64) at 3 stages, 8 programs per multiprocessor
+            cfg = dataclasses.replace(cfg, num_stages=3, waves=8)
+        else:
+            cfg = ForwardConfig(BM=64, BN=128, BK=bk, num_warps=4, num_stages=3, waves=1, row_max=True, tma=True)
     elif argmax and cfg.row_max and cfg.BN > 64:
         cfg = dataclasses.replace(cfg, BN=64)
     if interpret:
