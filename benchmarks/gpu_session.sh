@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [tune] [tunetma] [profile] [overhead] [bwdprof] [hostprof] [overlap] [bench] [sweep] [sweeppeers] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [profile] [overhead] [bwdprof] [hostprof] [overlap] [bench] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,8 @@ for step in "$@"; do
     tunetma) for flags in "" "--tma" "--tma --argmax"; do
                python3 benchmarks/tune_forward.py --row-max-only $flags --shapes 32q_x_100k,inbatch_128x128,colpali_1x1k,1x1k_128x1024
              done 2>&1 > "$OUT/tunetma.log"; grep -v "^  " "$OUT/tunetma.log" | tail -40 ;;
+    fwdtests) python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_gpu.py -x 2>&1 | tee "$OUT/fwdtests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -20 || status=1 ;;
+    probe) timeout 420 python3 benchmarks/probe_configs.py ${PROBES:+--only $PROBES} 2>&1 > "$OUT/probe.log"; grep -v "^  " "$OUT/probe.log" | tail -40 ;;
     profile) python3 benchmarks/profile_small.py 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
     bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;

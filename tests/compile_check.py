@@ -91,6 +91,7 @@ def dense_forward_variants():
     yield "fwd 128 rows running max", dict(base, BM=128, SEG=128, ROW_MAX=False), ptrs, 8, 3
     yield "fwd one query (bandwidth)", dict(base, BM=32, BN=128, ROW_MAX=False), ptrs, 4, 3
     yield "fwd d=768", dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32), ptrs, 4, 3
+    yield "fwd d=768 one query (BK=128)", dict(base, BM=32, BN=128, BK=128, NUM_K=6, SEG=32), ptrs, 4, 3
     yield "fwd masks+multiply+normalize", dict(base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), ptrs, 8, 3
     yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
     yield "fwd argmax in-batch 128-token queries", dict(base, BN=64, SEG=128, SAVE_ARGMAX=True), \
@@ -101,7 +102,8 @@ def dense_forward_variants():
     yield "fwd argmax running max", dict(base, BM=128, SEG=128, ROW_MAX=False, SAVE_ARGMAX=True), ptrs, 8, 3
     yield "fwd TMA short stacked (32q x 100K)", *tma(dict(base, BN=128)), 8, 3
     yield "fwd TMA long query in-batch", *tma(dict(base, BM=128, BN=128, SEG=128), "bf16"), 4, 2
-    yield "fwd TMA ColPali-long", *tma(dict(base, BM=128, BN=256, SEG=128)), 8, 3
+    yield "fwd TMA ColPali-long", *tma(dict(base, BM=256, BN=64, SEG=256)), 8, 3
+    yield "fwd TMA one query d=64 (big corpus)", *tma(dict(base, BM=32, BN=128, BK=64, ROW_MAX=False)), 4, 4
     yield "fwd TMA d=768", *tma(dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32)), 8, 3
     yield "fwd TMA argmax masks+multiply+normalize", *tma(dict(base, BM=64, BN=128, SEG=64, SAVE_ARGMAX=True, HAS_QMASK=True,
                                                            HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), "bf16"), 4, 3

@@ -17,6 +17,21 @@ def test_rule_depends_on_buckets_only():
     assert tuning_key("k", 500, 32, 128, torch.bfloat16, False, "f") == tuning_key("k", 8, 32, 128, torch.bfloat16, False, "f")
 
 
+def test_corpus_class_changes_only_the_documented_buckets():
+    f16 = torch.float16
+    assert not _tuning.is_big_corpus(64 * 180) and _tuning.is_big_corpus(_tuning.BIG_CORPUS_TOKENS)
+    # Stacked short queries at d=128, and one short query at d=64: TMA tiles on a big corpus only.
+    for nq, lq, d in [(32, 32, 128), (1, 32, 64)]:
+        small, big = (forward_config(nq, lq, d, f16, False, big_corpus=b) for b in (False, True))
+        assert big.tma and not small.tma
+    # Everything else, and the training forward (argmax), keeps one tile for both classes.
+    for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (1, 32, 128), (1, 128, 128), (32, 32, 768), (32, 32, 64)]:
+        assert forward_config(nq, lq, d, f16, False, big_corpus=True) == forward_config(nq, lq, d, f16, False)
+    assert forward_config(32, 32, 128, f16, False, argmax=True, big_corpus=True) == \
+        forward_config(32, 32, 128, f16, False, argmax=True)
+    assert tuning_key("k", 32, 32, 128, f16, False, "f", big_corpus=True) != tuning_key("k", 32, 32, 128, f16, False, "f")
+
+
 def test_neighbours_start_with_the_rule_and_are_distinct():
     rule = forward_config(32, 32, 128, torch.float16, False)
     cands = neighbour_configs(rule)

@@ -49,37 +49,50 @@ def multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# A call whose documents hold at least this many tokens (all query groups together) is a "big
+# corpus": long enough that the tiles which stream it fastest (TMA, one program per
+# multiprocessor) pay back their start-up and the ~20 us of host time a TMA launch adds.
+BIG_CORPUS_TOKENS = 2**17
+
+
+def is_big_corpus(doc_tokens: int) -> bool:
+    return doc_tokens >= BIG_CORPUS_TOKENS
+
+
 @functools.lru_cache(maxsize=1024)
 def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False,
-                   argmax: bool = False) -> ForwardConfig:
+                   argmax: bool = False, big_corpus: bool = False) -> ForwardConfig:
     """The forward tile configuration for a shape: depends on power-of-two buckets of Lq, Nq and d,
-    the dtype and the layout only, so new batch sizes and document lengths never compile again.
+    the dtype, the layout and whether the corpus is big (``big_corpus``: at least
+    ``BIG_CORPUS_TOKENS`` document tokens), so new batch sizes and document lengths compile at most
+    once per corpus class (``maxsim.warmup`` compiles both).
 
-    From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py, the 108-shape sweep):
+    From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py and probe_configs.py):
     - long queries stacked (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, document
       tiles through TMA (``tma``), per-tile row max (``row_max``: only the accumulator lives in
       registers). Two programs share a multiprocessor, so one's max epilogue runs during the
-      other's MMAs: 0.882 against 0.958 ms at in-batch 128 x 128, 0.80-0.97x the old time on 16 of
-      the sweep's 18 shapes of this bucket;
-    - ColPali-long queries (>= 512 tokens): BM=256, BN=128, 8 warps, TMA (0.454 against 0.496 ms at
-      1 x 1K; BN=256 was faster there, 0.436, but 2.2x slower at Ld=128);
+      other's MMAs: 0.85-0.88 against 0.958 ms at in-batch 128 x 128;
+    - ColPali-long queries (>= 512 tokens): BM=256, BN=64, 8 warps, 3 stages, TMA: within 1 % of the
+      best probed tile at 1 x 1K (1024, 1024) and the fastest at Ld = 128 and 300 (1.34-1.82 ms
+      against 1.37-2.31 for BN=128; BN=256 was 2.2x slower there);
     - d > 128 with >= 128 rows: BK=64 chunks (shared memory caps wider ones), BM=BN=128, 8 warps,
-      TMA (3.51 against 3.77 ms at d=768, 32 x 10K);
-    - short queries stacked to >= 256 rows (32 x 100K, masked 64 x 64): BM=256, BN=64, pointer
-      loads; 2 stages and 2 programs per multiprocessor for d=128 (24 against 35 us at masked
-      64 x 64, 6.22 against 6.42 ms at 32 x 100K), 3 stages and 8 for d <= 64 (7-17 % faster
-      there). TMA with BN=128 and one program per multiprocessor is faster on big corpora
-      (5.37 ms at 32 x 100K) but 3x slower on small calls, and the rule cannot look at Nd
-      without compiling again: it is a neighbour that MAXSIM_AUTOTUNE=1 tries;
+      TMA (3.51 against 3.77 ms at d=768, 32 x 10K); with <= 32 rows (one short query,
+      bandwidth-bound) BK=128: half the K-loop trips, 6-9 % faster at d=768;
+    - short queries stacked to >= 256 rows: BM=256, pointer loads; 2 stages, BN=64 and 2 programs
+      per multiprocessor for d=128 (24 against 35 us at masked 64 x 64), 3 stages and 8 for
+      d <= 64. On a big corpus, d > 64: TMA, BN=128, 3 stages, one program per multiprocessor
+      (32 x 100K 5.57 against 5.99 ms; 32 x 10K 0.578 against 0.605; 32 x 2K 0.119 against 0.140;
+      but 31 against 24.5 us at masked 64 x 64, hence the corpus class);
     - one block of 128 rows (one 128-token query): BM=128, BN=64, running [BM, BN] max, pointer
-      loads (TMA was faster on the sweep's 1-10 ms calls but its host-side descriptor costs more
-      than it saves on a 80-us call: 0.105 against 0.083 ms at 1 x 1K);
-    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128;
+      loads (TMA was no faster at 1 x 1K and adds host time);
+    - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128; on a
+      big corpus at d <= 64, TMA with 4 stages (0.96 against 1.05 ms at 1 x 520K (32, 300));
     - with the argmax (training), long queries: BM=64, BN=128, TMA: the row-max variant also holds
       the winning tile [BM, BN] and BM=64 keeps both in registers (1.07 against 1.38 ms at in-batch
       128 x 128; a training step 1.55 against 1.86 ms); short queries: BM=256, BN=64, 3 stages,
-      8 programs per multiprocessor.
+      8 programs per multiprocessor. The corpus class does not apply.
     """
+    big_corpus = big_corpus and not argmax
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     bk = max(16, next_pow2(d))
@@ -90,17 +103,22 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     elif d > 128 and rows >= 128:
         cfg = ForwardConfig(BM=128, BN=128, BK=64, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
     elif d > 128:
-        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=64, num_warps=4, num_stages=3, waves=8, row_max=True)
+        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=128 if rows <= 32 else 64, num_warps=4, num_stages=3,
+                            waves=8, row_max=True)
     elif compute_bound and seg >= 512:
-        cfg = ForwardConfig(BM=256, BN=128, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
+        cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=2, row_max=True, tma=True)
     elif compute_bound and seg >= 128:
         cfg = ForwardConfig(BM=128, BN=128, BK=bk, num_warps=4, num_stages=2, waves=2, row_max=True, tma=True)
+    elif compute_bound and d > 64 and big_corpus:
+        cfg = ForwardConfig(BM=256, BN=128, BK=bk, num_warps=8, num_stages=3, waves=1, row_max=True, tma=True)
     elif compute_bound and d > 64:
         cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=2, waves=2, row_max=True)
     elif compute_bound:
         cfg = ForwardConfig(BM=256, BN=64, BK=bk, num_warps=8, num_stages=3, waves=8, row_max=True)
     elif rows >= 128:
         cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
+    elif big_corpus and d <= 64:
+        cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=4, tma=True)
     else:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
     if argmax and cfg.row_max and compute_bound and d <= 128:
@@ -132,12 +150,15 @@ def autotune_enabled() -> bool:
     return os.environ.get("MAXSIM_AUTOTUNE", "0").strip().lower() in ("1", "true", "yes")
 
 
-def tuning_key(kind: str, Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, flags: str) -> str:
-    """A bucketed key: dtype, d, pow2(Lq), pow2 rows (capped at 256), layout and kernel flags."""
+def tuning_key(kind: str, Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, flags: str,
+               big_corpus: bool = False) -> str:
+    """A bucketed key: dtype, d, pow2(Lq), pow2 rows (capped at 256), layout, corpus class and
+    kernel flags."""
     seg = next_pow2(max(Lq, 1))
     rows = min(256, seg if candidates else seg * next_pow2(max(Nq, 1)))
     layout = "candidates" if candidates else "cross"
-    return f"{kind}|{str(dtype).replace('torch.', '')}|d{d}|lq{seg}|rows{rows}|{layout}|{flags}"
+    corpus = "big" if big_corpus else "small"
+    return f"{kind}|{str(dtype).replace('torch.', '')}|d{d}|lq{seg}|rows{rows}|{layout}|{corpus}|{flags}"
 
 
 def neighbour_configs(rule: ForwardConfig) -> list[ForwardConfig]:
@@ -153,9 +174,6 @@ def neighbour_configs(rule: ForwardConfig) -> list[ForwardConfig]:
         cfg = ForwardConfig(BM, BN, rule.BK, warps, rule.num_stages, waves, row_max, rule.tma)
         if cfg not in out and BM * BN <= 256 * 128:
             out.append(cfg)
-    if rule.row_max and rule.BM == 256 and not rule.tma:  # (16-bit: the fp32 rule has no row max)
-        # Big corpora of short stacked queries: TMA tiles, 3 stages, one program per multiprocessor.
-        out.append(ForwardConfig(256, 128, rule.BK, 8, 3, 1, True, True))
     return out
 
 

@@ -2,9 +2,11 @@
 pays for a Triton compilation.
 
 Which kernel variant a call uses depends only on the dtype, d, the power-of-two bucket of Lq,
-the bucket of Nq x Lq (up to 256 stacked query rows), the layout and the flags (masks, normalize,
-mask mode, argmax); never on Nd or Ld. Compiled kernels also persist on disk in Triton's cache
-(``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a restarted process only loads them.
+the bucket of Nq x Lq (up to 256 stacked query rows), the layout, the flags (masks, normalize,
+mask mode, argmax) and the corpus class (fewer or more than ``maxsim._tuning.BIG_CORPUS_TOKENS``
+document tokens in the call); never on Nd or Ld otherwise. :func:`warmup` compiles both corpus
+classes. Compiled kernels also persist on disk in Triton's cache (``TRITON_CACHE_DIR``, default
+``~/.triton/cache``), so a restarted process only loads them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,24 @@ def warmup(
         dm = torch.ones(D.shape[:-1], dtype=torch.bool, device=device) if masked else None
         with torch.no_grad():
             maxsim(Q, D, qm, dm, normalize=norm)
+            if torch.device(device).type == "cuda":
+                _compile_big_corpus_variant(Q, D, qm, dm, norm, cand)
         count += 1
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return count
+
+
+def _compile_big_corpus_variant(Q, D, qm, dm, normalize, candidates):
+    """Launch the big-corpus configuration on the same tiny inputs (it compiles the kernel variant
+    that a call with a big corpus will use), when it differs from the small-corpus one."""
+    from maxsim._tuning import forward_config
+    from maxsim.dense.forward import maxsim_forward
+
+    Nq, Lq, d = Q.shape
+    small = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=False)
+    big = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=True)
+    if big != small:
+        D4 = D if candidates else D.unsqueeze(0)
+        dm4 = None if dm is None else (dm if candidates else dm.unsqueeze(0))
+        maxsim_forward(Q, D4, qm, dm4, normalize=normalize, config=big)

@@ -73,12 +73,14 @@ ARGMAX_REGIMES = [
     (64, 64, 32, 180, 128, False),  # short stacked queries: BM=256, BN=64, 2 stages, pointer loads
     (64, 64, 32, 180, 64, False),  # the same at d=64: 3 stages, 8 programs per multiprocessor
     (16, 16, 128, 1024, 128, False),  # long queries: BM=BN=128, 2 stages, TMA; argmax BM=64, TMA
-    (2, 24, 1024, 300, 128, False),  # ColPali-long queries: BM=256, BN=128, query chunks, TMA
+    (8, 1100, 32, 128, 128, False),  # the same on a big corpus (>= 2**17 tokens): BN=128, TMA, 1 program/SM
+    (2, 24, 1024, 300, 128, False),  # ColPali-long queries: BM=256, BN=64, query chunks, TMA
     (1, 100, 128, 300, 128, False),  # one 128-row block: BM=128, BN=64, running max
     (4, 100, 16, 300, 128, False),  # 64 rows: bandwidth-bound, pointer loads
     (1, 100, 32, 300, 128, False),  # small BM, running max
+    (1, 520, 32, 256, 64, False),  # the same at d=64 on a big corpus: TMA, 4 stages
     (8, 64, 32, 128, 768, False),  # d > 128: K loop, row max, TMA
-    (1, 64, 32, 128, 768, False),  # d > 128, few rows: pointer loads
+    (1, 64, 32, 128, 768, False),  # d > 128, few rows: pointer loads, BK=128
     (16, 32, 32, 300, 128, True),  # candidate lists
     (4, 32, 128, 300, 128, True),  # candidate lists of 128-token queries
 ]
@@ -165,7 +167,9 @@ def test_no_recompilation_when_nq_nd_ld_change():
     # After a warm-up of the buckets used, new batch sizes and document lengths reuse the kernels.
     maxsim.warmup(query_lengths=(32,), num_queries=(1, 8, 64), masks=(True,))
     before = _compiled_forward_variants()
-    for nq, nd, ld in [(1, 10, 300), (1, 1000, 17), (8, 5, 129), (7, 333, 64), (64, 20, 180), (200, 3, 1)]:
+    # (8, 1100, 128) is a big corpus: its own variant, compiled by the warm-up too.
+    for nq, nd, ld in [(1, 10, 300), (1, 1000, 17), (8, 5, 129), (7, 333, 64), (64, 20, 180), (200, 3, 1),
+                       (8, 1100, 128), (1, 600, 300)]:
         Q = torch.randn(nq, 32, 128, device="cuda", dtype=F16)
         D = torch.randn(nd, ld, 128, device="cuda", dtype=F16)
         qm = torch.rand(nq, 32, device="cuda") > 0.1

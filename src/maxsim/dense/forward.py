@@ -29,6 +29,7 @@ from maxsim._tuning import (
     autotune_enabled,
     cuda_timer,
     forward_config,
+    is_big_corpus,
     multiprocessors,
     neighbour_configs,
     next_pow2,
@@ -270,7 +271,8 @@ def maxsim_forward(
         q_mask: bool ``[Nq, Lq]`` or None.  d_mask: bool ``[Nq|1, Nd, Ld]`` or None.
         multiply: PyLate's mask rule instead of exclusion.
         save_argmax: also return the winning document token per query token.
-        config: tile configuration; by default :func:`maxsim._tuning.forward_config`'s rule, or
+        config: tile configuration; by default :func:`maxsim._tuning.forward_config`'s rule (by
+            shape bucket and corpus class: D's token count against ``BIG_CORPUS_TOKENS``), or
             with ``MAXSIM_AUTOTUNE=1`` the fastest of its neighbours, timed once per shape bucket
             and kept in the persistent tuning cache.
 
@@ -304,10 +306,11 @@ def maxsim_forward(
         return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index)
 
     if config is None:
-        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax)
+        big = is_big_corpus(D.shape[0] * Nd * Ld)
+        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax, big)
         if autotune_enabled() and not interpret and not torch.cuda.is_current_stream_capturing():
             flags = f"qm{int(qm is not None)}dm{int(dm is not None)}mul{int(multiply)}n{int(normalize)}a{int(save_argmax)}"
-            key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags)
+            key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags, big)
             tuned = tuning_cache().get(key)
             if tuned is None:
                 tuned = pick_fastest(neighbour_configs(config), run, cuda_timer)
