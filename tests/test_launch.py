@@ -7,12 +7,22 @@ from maxsim import _launch
 
 
 class FakeCompiled:
+    """Triton's CompiledKernel as the thin path uses it: ``run`` (the launcher) and, when a launch
+    hook is installed, ``compiled[grid](*args)``."""
+
+    function, packed_metadata = "cu-function", "packed-metadata"
+
     def __init__(self, log):
         self.log = log
 
     def __getitem__(self, grid):
         assert len(grid) == 3, "a compiled kernel's launcher needs a 3-D grid"
-        return lambda *args: self.log.append(("fast", grid, args))
+        return lambda *args: self.log.append(("hooked", grid, args))
+
+    def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
+        assert (stream, function, packed_metadata) == ("stream", self.function, self.packed_metadata)
+        assert (launch_metadata, enter_hook, exit_hook) == (None, None, None)
+        self.log.append(("fast", (gx, gy, gz), args))
 
 
 class FakeParam:
@@ -35,10 +45,15 @@ class FakeKernel:
         return run
 
 
-def test_second_call_launches_the_cached_kernel(monkeypatch):
+def _thin_path(monkeypatch):
     monkeypatch.setattr(_launch, "interpreting", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_current_stream", lambda device: "stream")
     monkeypatch.setitem(_launch._FAST_PATH, "enabled", True)
+
+
+def test_second_call_launches_the_cached_kernel(monkeypatch):
+    _thin_path(monkeypatch)
     kernel = FakeKernel()
     x = torch.zeros(64)
     for _ in range(2):
@@ -56,6 +71,25 @@ def test_second_call_launches_the_cached_kernel(monkeypatch):
     _launch.launch(unspecialized, (9,), (x, 8), {"BLOCK": 32}, num_warps=4, num_stages=2)
     _launch.launch(unspecialized, (9,), (x, 9), {"BLOCK": 32}, num_warps=4, num_stages=2)
     assert [e[0] for e in unspecialized.log] == ["jit", "fast"]
+
+
+def test_launch_hooks_see_cached_launches(monkeypatch):
+    # With a launch hook installed (a profiler), the cached kernel goes through compiled[grid],
+    # which calls the hooks; without one, straight to its launcher.
+    import triton
+
+    _thin_path(monkeypatch)
+    kernel = FakeKernel()
+    x = torch.zeros(64)
+    for _ in range(2):
+        _launch.launch(kernel, (5,), (x, 7), {"BLOCK": 32}, num_warps=4, num_stages=2)
+    chain = triton.knobs.HookChain()
+    monkeypatch.setattr(triton.knobs.runtime, "launch_exit_hook", chain)
+    _launch.launch(kernel, (5,), (x, 7), {"BLOCK": 32}, num_warps=4, num_stages=2)  # an empty chain
+    chain.add(lambda metadata: None)
+    _launch.launch(kernel, (5,), (x, 7), {"BLOCK": 32}, num_warps=4, num_stages=2)
+    assert [e[0] for e in kernel.log] == ["jit", "fast", "fast", "hooked"]
+    assert kernel.log[3][1:] == ((5, 1, 1), (x, 7, 32))
 
 
 def test_value_specialization_read_from_the_kernel():

@@ -4,13 +4,16 @@ Triton's ``kernel[grid](...)`` binds and specialises every argument, builds a ca
 checks globals on each call: tens of microseconds of Python, more than a small MaxSim takes on the
 GPU. Here the compiled kernel is looked up by a key at least as fine as Triton's own
 specialisation (constexprs, launch options, each tensor's dtype and address mod 16, each
-specialised integer's value mod 16 and range), so a hit can launch it directly. A miss, the
-interpreter, or any sign that Triton's internals changed falls back to the ordinary path.
+specialised integer's value mod 16 and range), so a hit can launch it directly, through the
+compiled kernel's own launcher (skipping the per-call closure and metadata of ``compiled[grid]``
+when no launch hook, e.g. a profiler's, is installed). A miss, the interpreter, or any sign that
+Triton's internals changed falls back to the ordinary path.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from maxsim._dispatch import interpreting
@@ -35,6 +38,33 @@ def _arg_class(arg, value_specialized: bool):
     return -_I32 <= arg < _I32
 
 
+def _arg_classes(args, flags) -> list:
+    """``[_arg_class(a, f) for ...]`` with the common cases inline: this runs on every launch, and
+    a Python call per argument is a measurable share of a small call's host time."""
+    out = []
+    for arg, value_specialized in zip(args, flags):
+        if type(arg) is int:
+            out.append((arg % 16, arg == 1, -_I32 <= arg < _I32) if value_specialized else -_I32 <= arg < _I32)
+        else:
+            out.append(_arg_class(arg, value_specialized))
+    return out
+
+
+def _hooks_installed() -> bool:
+    """Whether a launch hook (Triton's profiler interface) must see launches. Triton 3.6 keeps
+    them in ``HookChain``s, empty by default (yet called on every ordinary launch)."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None:
+        return True
+    hooks = (runtime.launch_enter_hook, runtime.launch_exit_hook)
+    return any(hook is not None and bool(getattr(hook, "calls", True)) for hook in hooks)
+
+
+def _current_stream(device: int):
+    """The current CUDA stream's handle, as Triton's own launch path gets it."""
+    return triton.runtime.driver.active.get_current_stream(device)
+
+
 def _value_specialized(kernel) -> tuple[bool, ...] | None:
     """Per parameter, whether Triton specialises an integer argument on its value (not listed in
     the kernel's ``do_not_specialize``); None if this Triton does not expose its parameters."""
@@ -57,10 +87,8 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
     if flags is None:
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         return
-    key = (
-        kernel, torch.cuda.current_device(), tuple(constexprs.values()), num_warps, num_stages,
-        tuple(_arg_class(a, s) for a, s in zip(args, flags)),
-    )
+    device = torch.cuda.current_device()
+    key = (kernel, device, num_warps, num_stages, *constexprs.values(), *_arg_classes(args, flags))
     compiled = _COMPILED.get(key)
     if compiled is None:
         compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
@@ -70,9 +98,14 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
             return
         _COMPILED[key] = compiled
         return
+    grid3 = tuple(grid) + (1,) * (3 - len(grid))
     try:
         # A compiled kernel's launcher takes a 3-D grid and every argument, constexprs included.
-        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs.values())
+        if _hooks_installed():
+            compiled[grid3](*args, *constexprs.values())
+        else:
+            compiled.run(*grid3, _current_stream(device), compiled.function, compiled.packed_metadata, None, None, None,
+                         *args, *constexprs.values())
     except (TypeError, AttributeError, IndexError):  # Triton's launcher API differs: fall back for good
         _FAST_PATH["enabled"] = False
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)

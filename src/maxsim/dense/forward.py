@@ -325,7 +325,8 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
     seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
-    out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
+    # One partial score per query chunk ([n_chunks, Nq, Nd], summed below) unless there is one chunk.
+    out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
         if argmax is not None:
@@ -342,17 +343,25 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         (dm.stride(0) if dm.shape[0] != 1 else 0) if dm is not None else 0,
         dm.stride(1) if dm is not None else 0,
     )
-    constexprs = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
-        HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply,
-        NORMALIZE=normalize, SAVE_ARGMAX=argmax is not None, EVEN_K=(d % cfg.BK == 0),
-        DOT_PRECISION="ieee" if Q.dtype == torch.float32 else "tf32",
-        DOT_UPCAST=interpret and Q.dtype == torch.bfloat16,
-        ROW_MAX=cfg.row_max, USE_TMA=use_tma,
-    )
+    constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
+                             Q.dtype, interpret, use_tma)
     launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out[0] if n_chunks == 1 else out.sum(0)
+    return out if n_chunks == 1 else out.sum(0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask: bool, multiply: bool,
+                normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool) -> dict:
+    """The kernel's constexprs for one variant (cached: built once, not on every call; read-only)."""
+    return dict(
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
+        HAS_QMASK=has_qmask, HAS_DMASK=has_dmask, MULTIPLY=multiply,
+        NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % cfg.BK == 0),
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        DOT_UPCAST=interpret and dtype == torch.bfloat16,
+        ROW_MAX=cfg.row_max, USE_TMA=use_tma,
+    )
 
 
 def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
