@@ -111,13 +111,44 @@ def host_costs():
               f"TensorDescriptor() {desc:5.1f}", flush=True)
 
 
+def flush_costs():
+    """Small calls under three L2 states: do_bench's flush (zeroing 256 MB leaves the L2 full of
+    dirty lines, which the timed call must write back before its reads fit), a flush that reads
+    256 MB (clean lines), and no flush (inputs partly L2-resident from the previous call)."""
+    import triton.testing
+
+    print("small calls by L2 state (median us): do_bench zero-flush | read-flush | no flush")
+    buf = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+    for name in ["1x1k_32x300", "masked_64x64", "1x1k_128x1024"]:
+        shape = shapes_by_name([name])[0]
+        Q, D, qm, dm = make_inputs(shape, "cuda")
+        fn = lambda: maxsim.maxsim(Q, D, qm, dm)  # noqa: E731
+        zero = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+        times = {"read": [], "none": []}
+        for mode in times:
+            for _ in range(200):
+                torch.cuda._sleep(400_000)  # ~200 us of GPU time: the host enqueues the call meanwhile
+                if mode == "read":
+                    buf.sum()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times[mode].append(start.elapsed_time(end) * 1e3)
+        med = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
+        print(f"  {name:16s} {zero:7.1f} | {med['read']:7.1f} | {med['none']:7.1f}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="", help="comma-separated probe names")
     args = ap.parse_args(argv)
     only = [p for p in args.only.split(",") if p]
-    if not only or any(p.startswith("host") for p in only):
+    if not only or "host" in only:
         host_costs()
+    if not only or "flush" in only:
+        flush_costs()
     summary = []
     for probe, (shape, specs) in PROBES.items():
         if only and probe not in only:
