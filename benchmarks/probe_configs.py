@@ -21,6 +21,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from tune_forward import time_config  # noqa: E402
 
 import maxsim  # noqa: E402
+from maxsim import _launch  # noqa: E402
 from maxsim._tuning import ForwardConfig, forward_config, is_big_corpus, next_pow2  # noqa: E402
 from maxsim.bench.shapes import Shape, floor_seconds, make_inputs, shapes_by_name  # noqa: E402
 from maxsim.dense.forward import _document_descriptor, maxsim_forward  # noqa: E402
@@ -107,8 +108,17 @@ def host_costs():
         ptr = host_us(lambda: maxsim_forward(Q, D4, qm, dm4, config=ForwardConfig(**{**rule.__dict__, "tma": False})))
         withtma = host_us(lambda: maxsim_forward(Q, D4, qm, dm4, config=tma))
         desc = host_us(lambda: _document_descriptor(D4, tma), 2000)
+        # The thin path's direct launch against Triton's compiled[grid] runner, interleaved so that
+        # the host's drift hits both alike (median of 7 rounds each).
+        direct, runner = [], []
+        for _ in range(7):
+            direct.append(host_us(lambda: maxsim.maxsim(Q, D, qm, dm)))
+            _launch._hooks_installed, saved = (lambda: True), _launch._hooks_installed
+            runner.append(host_us(lambda: maxsim.maxsim(Q, D, qm, dm)))
+            _launch._hooks_installed = saved
         print(f"  {name:16s} api {api:6.1f}  launcher(pointer) {ptr:6.1f}  launcher(tma) {withtma:6.1f}  "
-              f"TensorDescriptor() {desc:5.1f}", flush=True)
+              f"TensorDescriptor() {desc:5.1f}  api direct launch {sorted(direct)[3]:6.1f} "
+              f"vs via compiled[grid] {sorted(runner)[3]:6.1f}", flush=True)
 
 
 def flush_costs():
