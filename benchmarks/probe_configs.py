@@ -24,7 +24,9 @@ import maxsim  # noqa: E402
 from maxsim import _launch  # noqa: E402
 from maxsim._tuning import ForwardConfig, forward_config, is_big_corpus, next_pow2  # noqa: E402
 from maxsim.bench.shapes import Shape, floor_seconds, make_inputs, shapes_by_name  # noqa: E402
-from maxsim.dense.forward import _document_descriptor, maxsim_forward  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from maxsim.dense.forward import _descriptor_layout, maxsim_forward  # noqa: E402
 from maxsim.reference import maxsim_reference  # noqa: E402
 
 
@@ -107,7 +109,7 @@ def host_costs():
         api = host_us(lambda: maxsim.maxsim(Q, D, qm, dm))
         ptr = host_us(lambda: maxsim_forward(Q, D4, qm, dm4, config=ForwardConfig(**{**rule.__dict__, "tma": False})))
         withtma = host_us(lambda: maxsim_forward(Q, D4, qm, dm4, config=tma))
-        desc = host_us(lambda: _document_descriptor(D4, tma), 2000)
+        desc = host_us(lambda: TensorDescriptor(D4, *_descriptor_layout(D4, tma)), 2000)
         # The thin path's direct launch against Triton's compiled[grid] runner, interleaved so that
         # the host's drift hits both alike (median of 7 rounds each).
         direct, runner = [], []

@@ -37,11 +37,16 @@ class Prepared:
 
     def unbatch(self, out: torch.Tensor, trailing: int = 0) -> torch.Tensor:
         """``[Nq, Nd, *trailing]`` -> the caller's shape (drops the axes of 2-D inputs)."""
-        if self.squeeze_d:
-            out = out.squeeze(1)
-        if self.squeeze_q:
-            out = out.squeeze(0)
-        return out
+        return unbatch(out, self.squeeze_q, self.squeeze_d)
+
+
+def unbatch(out: torch.Tensor, squeeze_q: bool, squeeze_d: bool) -> torch.Tensor:
+    """``[Nq, Nd, ...]`` -> without the query axis (2-D Q) and/or the document axis (2-D D)."""
+    if squeeze_d:
+        out = out.squeeze(1)
+    if squeeze_q:
+        out = out.squeeze(0)
+    return out
 
 
 def check_dtype(name: str, t: torch.Tensor) -> None:

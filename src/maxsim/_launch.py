@@ -50,14 +50,18 @@ def _arg_classes(args, flags) -> list:
     return out
 
 
+_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
+def _hook_set(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _hooks_installed() -> bool:
     """Whether a launch hook (Triton's profiler interface) must see launches. Triton 3.6 keeps
     them in ``HookChain``s, empty by default (yet called on every ordinary launch)."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is None:
-        return True
-    hooks = (runtime.launch_enter_hook, runtime.launch_exit_hook)
-    return any(hook is not None and bool(getattr(hook, "calls", True)) for hook in hooks)
+    knobs = _RUNTIME_KNOBS
+    return knobs is None or _hook_set(knobs.launch_enter_hook) or _hook_set(knobs.launch_exit_hook)
 
 
 def _current_stream(device: int):
@@ -77,35 +81,54 @@ def _value_specialized(kernel) -> tuple[bool, ...] | None:
     return flags
 
 
-def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int) -> None:
+class Replay:
+    """Launches one compiled kernel again, on one grid, with new runtime arguments of the same
+    classes (dtype and alignment of each tensor, value class of each specialised integer): what a
+    caller that keys its own plans finer than :func:`launch` does can call directly."""
+
+    __slots__ = ("compiled", "grid3", "constexpr_values", "device")
+
+    def __init__(self, compiled, grid3: tuple, constexpr_values: tuple, device: int):
+        self.compiled, self.grid3, self.constexpr_values, self.device = compiled, grid3, constexpr_values, device
+
+    def __call__(self, args: tuple) -> None:
+        # A compiled kernel's launcher takes a 3-D grid and every argument, constexprs included.
+        compiled = self.compiled
+        if _hooks_installed():
+            compiled[self.grid3](*args, *self.constexpr_values)
+        else:
+            compiled.run(*self.grid3, _current_stream(self.device), compiled.function, compiled.packed_metadata,
+                         None, None, None, *args, *self.constexpr_values)
+
+
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int) -> Replay | None:
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, minus the overhead.
 
     ``args`` are the runtime arguments in signature order, followed in the signature by
-    ``constexprs`` (in order).
+    ``constexprs`` (in order). Returns a :class:`Replay` of this launch when it went through the
+    thin path's direct launch (a cached kernel); None where Triton's ordinary path ran.
     """
     flags = None if interpreting() or not _FAST_PATH["enabled"] else _value_specialized(kernel)
     if flags is None:
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        return
+        return None
     device = torch.cuda.current_device()
     key = (kernel, device, num_warps, num_stages, *constexprs.values(), *_arg_classes(args, flags))
     compiled = _COMPILED.get(key)
+    grid3 = tuple(grid) + (1,) * (3 - len(grid))
     if compiled is None:
         compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         names = list(getattr(kernel, "arg_names", []))
         if names != names[: len(args)] + list(constexprs) or not hasattr(compiled, "__getitem__"):
             _FAST_PATH["enabled"] = False  # an unexpected Triton: keep the ordinary path
-            return
+            return None
         _COMPILED[key] = compiled
-        return
-    grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        return None  # a Replay only once the direct launch has run (below)
+    replay = Replay(compiled, grid3, tuple(constexprs.values()), device)
     try:
-        # A compiled kernel's launcher takes a 3-D grid and every argument, constexprs included.
-        if _hooks_installed():
-            compiled[grid3](*args, *constexprs.values())
-        else:
-            compiled.run(*grid3, _current_stream(device), compiled.function, compiled.packed_metadata, None, None, None,
-                         *args, *constexprs.values())
+        replay(args)
     except (TypeError, AttributeError, IndexError):  # Triton's launcher API differs: fall back for good
         _FAST_PATH["enabled"] = False
         kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        return None
+    return replay

@@ -58,6 +58,41 @@ def test_candidates_real_shapes(shape):
     assert (arg != ref_arg).float().mean().item() < 1e-3
 
 
+def test_repeated_inference_calls_replay_their_plan(monkeypatch):
+    # The second call of a signature keeps a launch plan; later ones replay it with no validation
+    # or configuration work. New values in the same tensors, 2-D inputs, masks, candidate lists.
+    from maxsim import _checks
+
+    cases = [((3, 32, 128), (50, 77, 128), True), ((32, 128), (77, 128), False),
+             ((32, 128), (50, 77, 128), True), ((4, 32, 128), (4, 9, 77, 128), True), ((8, 32, 64), (300, 60, 64), False)]
+    tensors = []
+    for qs, ds, masked in cases:
+        Q = torch.randint(-2, 3, qs, device="cuda").to(BF16)
+        D = torch.randint(-2, 3, ds, device="cuda").to(BF16)
+        qm = torch.rand(qs[:-1], device="cuda") > 0.2 if masked else None
+        dm = torch.rand(ds[:-1], device="cuda") > 0.3 if masked else None
+        for _ in range(2):
+            maxsim.maxsim(Q, D, qm, dm, return_argmax=True)
+        tensors.append((Q, D, qm, dm))
+    refs = []
+    for Q, D, qm, dm in tensors:  # new values, same tensors
+        Q.copy_(torch.randint_like(Q, -2, 3))
+        D.copy_(torch.randint_like(D, -2, 3))
+        refs.append(maxsim_reference(Q, D, qm, dm, return_argmax=True))
+    checked = []
+    real_check = _checks.check_inputs
+    monkeypatch.setattr(_checks, "check_inputs", lambda *a, **k: checked.append(1) or real_check(*a, **k))
+    for (Q, D, qm, dm), (ref, ref_arg) in zip(tensors, refs):
+        out, arg = maxsim.maxsim(Q, D, qm, dm, return_argmax=True)
+        assert torch.equal(out, ref) and torch.equal(arg, ref_arg)
+        assert torch.equal(maxsim.maxsim(Q, D, qm, dm), ref)  # its own signature: validated, then planned
+    assert len(checked) == len(cases)  # only the scores-only calls (first of their signature) were validated
+    # A bad argument is never hidden by a plan: a new signature, so validated (and refused).
+    Q, D, qm, dm = tensors[0]
+    with pytest.raises(ValueError, match="mask_mode"):
+        maxsim.maxsim(Q, D, qm, dm, mask_mode="nope", return_argmax=True)
+
+
 def test_argmax_exact_with_integer_inputs():
     Q = torch.randint(-3, 4, (64, 128, 128), device="cuda").half()
     D = torch.randint(-3, 4, (64, 1024, 128), device="cuda").half()
@@ -133,7 +168,7 @@ def test_cached_launch_respects_alignment_and_strides():
     base = torch.randn(40, 301, 129, device="cuda", dtype=F16)
     Q = torch.randn(4, 32, 128, device="cuda", dtype=F16)
     views = [base[:, :300, :128], base[:, 1:, 1:], base[1:, :-1, :-1], base[:, :300, :128].contiguous()]
-    for _ in range(2):  # the second round runs from the launch cache
+    for _ in range(3):  # the second round runs from the launch cache, the third from launch plans
         for D in views:
             out = maxsim.maxsim(Q, D)
             assert rel_err(out, maxsim_reference(Q, D)) < 1e-5

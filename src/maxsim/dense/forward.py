@@ -263,6 +263,7 @@ def maxsim_forward(
     multiply: bool = False,
     save_argmax: bool = False,
     config: ForwardConfig | None = None,
+    plan_key=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the fused forward on canonical, validated inputs.
 
@@ -275,11 +276,15 @@ def maxsim_forward(
             shape bucket and corpus class: D's token count against ``BIG_CORPUS_TOKENS``), or
             with ``MAXSIM_AUTOTUNE=1`` the fastest of its neighbours, timed once per shape bucket
             and kept in the persistent tuning cache.
+        plan_key: the caller's key of this call's signature (see :func:`plan_for`): a launch that
+            runs the rule's configuration on the thin path is kept as that key's plan.
 
     Returns:
         scores ``[Nq, Nd]`` fp32 and, with ``save_argmax``, argmax ``[Nq, Nd, Lq]`` int32
         (-1 where the query token is masked or the document has no real token).
     """
+    if config is not None or POISON_OUTPUTS or autotune_enabled():
+        plan_key = None
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1  # per-query candidate lists (Nq == 1 is the same either way)
@@ -292,7 +297,10 @@ def maxsim_forward(
             argmax.fill_(-1)
         return torch.zeros((Nq, Nd), dtype=torch.float32, device=Q.device), argmax
 
-    # The kernel takes any strides but a unit stride on d (one copy otherwise).
+    # The kernel takes any strides but a unit stride on d (one copy otherwise; no plan then).
+    if Q.stride(-1) != 1 or D.stride(-1) != 1 or (q_mask is not None and not q_mask.is_contiguous()) or \
+            (d_mask is not None and d_mask.stride(-1) != 1):
+        plan_key = None
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if D.stride(-1) == 1 else D.contiguous()
     interpret = interpreting()
@@ -302,8 +310,8 @@ def maxsim_forward(
     if d_mask is not None:
         dm = d_mask if d_mask.stride(-1) == 1 else d_mask.contiguous()
 
-    def run(cfg: ForwardConfig) -> torch.Tensor:
-        return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index)
+    def run(cfg: ForwardConfig, plan_key=None) -> torch.Tensor:
+        return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key)
 
     if config is None:
         big = is_big_corpus(D.shape[0] * Nd * Ld)
@@ -316,11 +324,12 @@ def maxsim_forward(
                 tuned = pick_fastest(neighbour_configs(config), run, cuda_timer)
                 tuning_cache().put(key, tuned)
             config = tuned
-    return run(config), argmax
+    return run(config, plan_key), argmax
 
 
-def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index):
-    """One launch of the forward kernel with configuration ``cfg``; returns the scores [Nq, Nd]."""
+def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key=None):
+    """One launch of the forward kernel with configuration ``cfg``; returns the scores [Nq, Nd].
+    With ``plan_key``, a launch that went through the thin path is kept as that key's plan."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
@@ -332,7 +341,8 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         if argmax is not None:
             argmax.fill_(-2)
     use_tma = cfg.tma and _tma_ready(D, cfg)
-    d_desc = _document_descriptor(D, cfg) if use_tma else D  # any pointer when unused
+    desc_layout = _descriptor_layout(D, cfg) if use_tma else None
+    d_desc = TensorDescriptor(D, *desc_layout) if use_tma else D  # any pointer when unused
     args = (
         Q, D, d_desc, qm if qm is not None else Q, dm if dm is not None else Q,  # any pointer when absent
         out, argmax if argmax is not None else out,
@@ -345,9 +355,47 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     )
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
                              Q.dtype, interpret, use_tma)
-    launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
-           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if plan_key is not None and replay is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[plan_key] = _ForwardPlan(replay, args[7:], tuple(out.shape), n_chunks,
+                                        tuple(argmax.shape) if argmax is not None else None, desc_layout)
     return out if n_chunks == 1 else out.sum(0)
+
+
+# Launch plans of recent call signatures: a repeated call (a server's traffic) skips validation,
+# the tile rule, the grid plan and the launch key, and replays the compiled kernel on its new
+# tensors. The caller owns the key: it must fix every launch argument but the tensors' addresses
+# (shapes, strides, dtypes, devices, alignment mod 16, flags); maxsim.maxsim's inference path
+# builds one (dense/ops.py).
+_PLANS: dict = {}
+_MAX_PLANS = 256
+
+
+def plan_for(plan_key):
+    """The launch plan kept for ``plan_key``, or None: ``plan(Q, D, q_mask, d_mask)`` (tensors of
+    that signature, in any layout with the same data) returns (scores [Nq, Nd], argmax | None)."""
+    return _PLANS.get(plan_key)
+
+
+class _ForwardPlan:
+    """One signature's launch: new outputs (and TMA descriptor), the same integers and kernel."""
+
+    __slots__ = ("replay", "ints", "out_shape", "n_chunks", "argmax_shape", "desc_layout")
+
+    def __init__(self, replay, ints, out_shape, n_chunks, argmax_shape, desc_layout):
+        self.replay, self.ints, self.out_shape, self.n_chunks = replay, ints, out_shape, n_chunks
+        self.argmax_shape, self.desc_layout = argmax_shape, desc_layout
+
+    def __call__(self, Q, D, qm, dm):
+        out = torch.empty(self.out_shape, dtype=torch.float32, device=Q.device)
+        argmax = None if self.argmax_shape is None else torch.empty(self.argmax_shape, dtype=torch.int32, device=Q.device)
+        d_desc = D if self.desc_layout is None else TensorDescriptor(D, *self.desc_layout)
+        self.replay((Q, D, d_desc, Q if qm is None else qm, Q if dm is None else dm,
+                     out, out if argmax is None else argmax, *self.ints))
+        return (out if self.n_chunks == 1 else out.sum(0)), argmax
 
 
 @functools.lru_cache(maxsize=1024)
@@ -377,12 +425,13 @@ def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
     )
 
 
-def _document_descriptor(D: torch.Tensor, cfg: ForwardConfig) -> TensorDescriptor:
-    """A TMA descriptor of D as ``[G, Nd*Ld, d]`` loading ``[1, BN, BK]`` boxes (G = 1 when the
-    documents are shared; out-of-range rows and dims read as 0)."""
+def _descriptor_layout(D: torch.Tensor, cfg: ForwardConfig) -> tuple:
+    """(shape, strides, box) of D's TMA descriptor: D as ``[G, Nd*Ld, d]`` loaded in ``[1, BN, BK]``
+    boxes (G = 1 when the documents are shared; out-of-range rows and dims read as 0)."""
     G, Nd, Ld, d = D.shape
     group_stride = D.stride(0) if G > 1 else Nd * Ld * D.stride(2)
-    return TensorDescriptor(D, [G, Nd * Ld, d], [group_stride, D.stride(2), 1], [1, cfg.BN, cfg.BK])
+    return [G, Nd * Ld, d], [group_stride, D.stride(2), 1], [1, cfg.BN, cfg.BK]
+
 
 
 @functools.lru_cache(maxsize=4096)
