@@ -220,6 +220,29 @@ def test_tma_only_where_a_descriptor_describes_d():
     assert not _tma_ready(D.transpose(0, 1).contiguous().transpose(0, 1), cfg)  # documents interleaved across groups
 
 
+def test_launch_plan_rebuilds_outputs_and_descriptor_for_new_tensors():
+    # A kept plan (dense/forward.py) launches with new tensors of its signature: fresh outputs, a
+    # TMA descriptor over the new D (given in the caller's 3-D layout), the kept integers. Checked
+    # with a stand-in for the compiled kernel (the GPU tier runs real plans).
+    from maxsim._tuning import ForwardConfig
+    from maxsim.dense.forward import _descriptor_layout, _ForwardPlan
+
+    cfg = ForwardConfig(BM=256, BN=128, BK=128, num_warps=8, num_stages=3, waves=1, row_max=True, tma=True)
+    D4 = torch.zeros(1, 50, 77, 128, dtype=torch.float16)
+    launched = []
+    plan = _ForwardPlan(launched.append, (8, 50, 32, 77, 128), (8, 50), 1, (8, 50, 32), _descriptor_layout(D4, cfg))
+    Q, D, dm = torch.zeros(8, 32, 128, dtype=torch.float16), torch.ones(50, 77, 128, dtype=torch.float16), None
+    scores, argmax = plan(Q, D, None, dm)
+    (args,) = launched
+    assert args[0] is Q and args[1] is D and args[3] is Q and args[4] is Q  # absent masks: any pointer
+    desc = args[2]
+    assert desc.base is D and list(desc.shape) == [1, 50 * 77, 128] and list(desc.block_shape) == [1, 128, 128]
+    assert args[5] is scores and scores.shape == (8, 50) and args[6] is argmax and argmax.shape == (8, 50, 32)
+    assert args[7:] == (8, 50, 32, 77, 128)
+    scores2, _ = plan(Q, D, None, dm)
+    assert scores2 is not scores and launched[1][5] is scores2  # new outputs every call
+
+
 def test_random_shapes_and_masks_fuzz():
     # Fresh random shapes, layouts, masks and flags each run: the kernel must match the oracle.
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
