@@ -541,8 +541,13 @@ def write_jsonl(rows: list[dict], env: dict, argv: list[str], path: Path) -> Non
             f.write(json.dumps(r) + "\n")
 
 
+# Shapes per panel of the plot: a sweep of 108 shapes becomes a column of readable panels.
+PLOT_SHAPES_PER_PANEL = 18
+
+
 def write_png(rows: list[dict], path: Path, title: str) -> bool:
-    """Grouped bars of % of floor, one group per shape, one bar per provider. False without matplotlib."""
+    """Grouped bars of % of floor, one group per shape, one bar per provider, at most
+    ``PLOT_SHAPES_PER_PANEL`` shapes per panel. False without matplotlib."""
     try:
         import matplotlib
 
@@ -554,21 +559,27 @@ def write_png(rows: list[dict], path: Path, title: str) -> bool:
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     cell = {(r["shape"], r["provider"]): r for r in rows}
     width = 0.8 / len(providers)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.5 * len(shapes)), 4.5))
-    for i, p in enumerate(providers):
-        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(shapes))]
-        heights = [cell[(s, p)]["pct_floor"] or 0.0 for s in shapes]
-        ax.bar(xs, heights, width, label=p)
-        for x, s in zip(xs, shapes):  # say why a bar is missing
-            if cell[(s, p)]["status"] != "ok":
-                ax.text(x, 0, cell[(s, p)]["status"], rotation=90, ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(shapes)))
-    ax.set_xticklabels(shapes, rotation=20, ha="right")
-    ax.set_ylabel("% of H200 roofline floor (higher is better)")
-    ax.set_title(title, fontsize=8)
-    ax.legend(fontsize=8)
+    panels = [shapes[i:i + PLOT_SHAPES_PER_PANEL] for i in range(0, len(shapes), PLOT_SHAPES_PER_PANEL)]
+    per_panel = len(panels[0])
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(max(7.0, 1.2 * per_panel + 1.5), 4.5 * len(panels)))
+    for ax, panel in zip(axes[:, 0], panels):
+        for i, p in enumerate(providers):
+            xs = [j - 0.4 + width * (i + 0.5) for j in range(len(panel))]
+            heights = [(cell[(s, p)]["pct_floor"] or 0.0) if (s, p) in cell else 0.0 for s in panel]
+            ax.bar(xs, heights, width, label=p, color=f"C{i}")
+            for x, s in zip(xs, panel):  # say why a bar is missing
+                status = cell[(s, p)]["status"] if (s, p) in cell else "not run"
+                if status != "ok":
+                    ax.text(x, 0, status, rotation=90, ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(panel)))
+        ax.set_xticklabels(panel, rotation=20, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, per_panel - 0.4)
+        ax.set_ylabel("% of H200 floor (higher is better)", fontsize=8)
+    axes[0, 0].set_title(title, fontsize=8)
+    axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 
