@@ -225,6 +225,9 @@ def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argma
     backend, the interpreter, autotuning, poisoned outputs (tests)."""
     if type(Q) is not torch.Tensor or type(D) is not torch.Tensor or Q.device.type != "cuda":
         return None
+    if not (type(normalize) is bool and type(return_argmax) is bool and type(mask_mode) is str
+            and type(backward) is str):  # (wrong types: the full path names them)
+        return None
     if torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad):
         return None
     if through_dispatcher() or interpreting() or _forward.POISON_OUTPUTS or autotune_enabled() \
