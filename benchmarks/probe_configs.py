@@ -18,6 +18,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from profile_train_host import host_us_per_step  # noqa: E402
 from tune_forward import time_config  # noqa: E402
 
 import maxsim  # noqa: E402
@@ -85,16 +86,8 @@ PROBES = {  # in order of importance: a run cut short still answers the first qu
 
 
 def host_us(fn, n: int = 300) -> float:
-    """Host microseconds per call: n calls enqueued without a sync (the GPU queue does not fill)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    """Host microseconds per call (profile_train_host's measure: calls enqueued back to back)."""
+    return host_us_per_step(fn, n)[0]
 
 
 def host_costs():

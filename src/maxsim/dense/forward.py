@@ -276,14 +276,15 @@ def maxsim_forward(
             shape bucket and corpus class: D's token count against ``BIG_CORPUS_TOKENS``), or
             with ``MAXSIM_AUTOTUNE=1`` the fastest of its neighbours, timed once per shape bucket
             and kept in the persistent tuning cache.
-        plan_key: the caller's key of this call's signature (see :func:`plan_for`): a launch that
-            runs the rule's configuration on the thin path is kept as that key's plan.
+        plan_key: the caller's key of this call's signature (see :func:`plan_for`; the caller
+            gives none under autotuning or poisoned outputs): a launch that runs the rule's
+            configuration on the thin path, with no copy of an input, is kept as that key's plan.
 
     Returns:
         scores ``[Nq, Nd]`` fp32 and, with ``save_argmax``, argmax ``[Nq, Nd, Lq]`` int32
         (-1 where the query token is masked or the document has no real token).
     """
-    if config is not None or POISON_OUTPUTS or autotune_enabled():
+    if config is not None:  # (the caller's key does not hold a configuration)
         plan_key = None
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
@@ -343,9 +344,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     use_tma = cfg.tma and _tma_ready(D, cfg)
     desc_layout = _descriptor_layout(D, cfg) if use_tma else None
     d_desc = TensorDescriptor(D, *desc_layout) if use_tma else D  # any pointer when unused
-    args = (
-        Q, D, d_desc, qm if qm is not None else Q, dm if dm is not None else Q,  # any pointer when absent
-        out, argmax if argmax is not None else out,
+    ints = (  # fixed by the call's shapes and strides: a launch plan keeps them
         Nq, Nd, Lq, Ld, d,
         n_chunks, docs_per_program,
         Q.stride(0), Q.stride(1),
@@ -353,6 +352,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         (dm.stride(0) if dm.shape[0] != 1 else 0) if dm is not None else 0,
         dm.stride(1) if dm is not None else 0,
     )
+    args = (*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *ints)
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
                              Q.dtype, interpret, use_tma)
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
@@ -360,9 +360,14 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     if plan_key is not None and replay is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        _PLANS[plan_key] = _ForwardPlan(replay, args[7:], tuple(out.shape), n_chunks,
+        _PLANS[plan_key] = _ForwardPlan(replay, ints, tuple(out.shape), n_chunks,
                                         tuple(argmax.shape) if argmax is not None else None, desc_layout)
     return out if n_chunks == 1 else out.sum(0)
+
+
+def _tensor_args(Q, D, d_desc, qm, dm, out, argmax) -> tuple:
+    """The kernel's leading tensor arguments; an absent mask or argmax passes any pointer."""
+    return (Q, D, d_desc, Q if qm is None else qm, Q if dm is None else dm, out, out if argmax is None else argmax)
 
 
 # Launch plans of recent call signatures: a repeated call (a server's traffic) skips validation,
@@ -393,8 +398,7 @@ class _ForwardPlan:
         out = torch.empty(self.out_shape, dtype=torch.float32, device=Q.device)
         argmax = None if self.argmax_shape is None else torch.empty(self.argmax_shape, dtype=torch.int32, device=Q.device)
         d_desc = D if self.desc_layout is None else TensorDescriptor(D, *self.desc_layout)
-        self.replay((Q, D, d_desc, Q if qm is None else qm, Q if dm is None else dm,
-                     out, out if argmax is None else argmax, *self.ints))
+        self.replay((*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *self.ints))
         return (out if self.n_chunks == 1 else out.sum(0)), argmax
 
 
