@@ -1,0 +1,351 @@
+"""Warp-specialized forward for Hopper (Gluon): the tensor cores never wait for the max epilogue.
+
+Why. In the Triton kernel (forward.py) one instruction stream issues a tile's wgmma, waits for it,
+then reduces it: the tensor cores idle during every epilogue, which caps the compute-bound shapes
+near 75 % of the floor (BENCHMARKS.md). Here each program runs three partitions:
+
+- a producer warp streams document tiles ``[BN, d]`` by TMA into a ring of STAGES slots;
+- two consumer warpgroups each own a block of HALF = 128 query rows and take turns on the tensor
+  cores (ping-pong): consumer 0 issues tile t's MMA, then consumer 1 issues its own, then consumer 0
+  tile t+1, ... so while one warpgroup reduces its tile the other's MMA runs.
+
+Two ways to give the consumers work (``SPLIT_DOCS``, a constexpr):
+- shared documents (``SPLIT_DOCS=False``): two row blocks (m-blocks 2u and 2u+1) against the same
+  document run; each tile is loaded once and read by both (many queries, or long ones);
+- split documents (``SPLIT_DOCS=True``): one row block; consumer h walks half h of the program's
+  document run, and the producer alternates tiles between them (one 128-row query block, e.g.
+  one ColBERT query of 128 tokens against a corpus).
+
+Scope: documents shared by all queries (``D [Nd, Ld, d]``), fp16/bf16, d in {64, 128} (one MMA
+K-step), both mask rules, NaN propagation, the argmax (winning-tile method, as forward.py). Queries
+of up to 128 tokens stack 128 // SEG to a row block; longer ones are cut into 128-row chunks whose
+partial scores are summed by the launcher. Not here (forward.py serves them): normalize, candidate
+lists, fp32, d > 128.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from maxsim._tuning import multiprocessors, next_pow2
+
+HALF = gl.constexpr(128)  # query rows per consumer warpgroup
+
+
+@gluon.jit
+def _max_nan(a, b):
+    """max that propagates NaN (as maxsim._kernels.max_nan)."""
+    return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@gluon.jit
+def _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS: gl.constexpr):
+    """(m-block, first document, document count) that consumer ``h`` of program ``pid`` walks."""
+    if SPLIT_DOCS:
+        n_units = n_mblocks
+    else:
+        n_units = gl.cdiv(n_mblocks, 2)
+    unit = pid % n_units  # row blocks vary fastest: programs on one document run share it in L2
+    doc0 = (pid // n_units) * docs_per_program
+    n_docs = gl.minimum(docs_per_program, Nd - doc0)
+    if SPLIT_DOCS:
+        first = gl.cdiv(n_docs, 2)  # consumer 0 takes the larger half
+        return unit, doc0 + h * first, first - h * (2 * first - n_docs)
+    else:
+        return 2 * unit + h, doc0, n_docs
+
+
+@gluon.jit
+def _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG: gl.constexpr, layout: gl.constexpr):
+    """Rows of m-block ``i_m``: (query [HALF], token [HALF], row is real [HALF], query group, chunk).
+    A block stacks HALF // SEG queries (SEG = pow2 >= Lq), or is chunk ``i_chunk`` of one long query."""
+    QPB: gl.constexpr = HALF // SEG
+    i_qgroup = i_m // n_chunks
+    i_chunk = i_m % n_chunks
+    o_r = gl.arange(0, HALF, layout)
+    o_q = i_qgroup * QPB + o_r // SEG
+    o_s = i_chunk * SEG + o_r % SEG
+    m_row = (o_q < Nq) & (o_s < Lq) & (i_m < n_mblocks)
+    return o_q, o_s, m_row, i_qgroup, i_chunk
+
+
+@gluon.jit
+def _producer(d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
+              BN: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr):
+    """One warp: TMA loads of document tiles into the ring, a slot as soon as its readers free it.
+    Ring position k holds tile k of the shared run, or (split) tile k // 2 of consumer k % 2's half."""
+    _, start0, count0 = _stream(0, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+    _, start1, count1 = _stream(1, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+    n0 = count0 * n_tiles
+    n1 = count1 * n_tiles
+    if SPLIT_DOCS:
+        total = 2 * n0
+    else:
+        total = n0
+    for k in range(total):
+        if SPLIT_DOCS:
+            h = k % 2
+            t = k // 2
+            start = start0 + h * (start1 - start0)
+            live = t < n0 - h * (n0 - n1)  # consumer 1's half may hold one document fewer
+        else:
+            t = k
+            start = start0
+            live = t < n0
+        slot = k % STAGES
+        # Slots start free: the first round waits on the phase before the barrier's first.
+        mbarrier.wait(empty.index(slot), ((k // STAGES) & 1) ^ 1, pred=live)
+        mbarrier.expect(ready.index(slot), d_desc.block_type.nbytes, pred=live)
+        # Rows past a document's end belong to the next one (masked by the consumer); past D's end
+        # TMA reads zeros.
+        tma.async_copy_global_to_shared(d_desc, [(start + t // n_tiles) * Ld + (t % n_tiles) * BN, 0],
+                                        ready.index(slot), d_smem.index(slot), pred=live)
+
+
+@gluon.jit
+def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
+              qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
+              pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
+              BN: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
+              HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr,
+              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
+    """One warpgroup: MMAs of its query block ``q_smem [HALF, d]`` against the ring's tiles, in turn
+    with the other consumer, and the max epilogue: scores [n_chunks?, Nq, Nd], argmax [Nq, Nd, Lq].
+    The mask rules, NaN propagation and the argmax (lowest index among ties, -1 where nothing wins)
+    are those of forward.py."""
+    QPB: gl.constexpr = HALF // SEG
+    NEG_INF: gl.constexpr = float("-inf")
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16])
+    rows: gl.constexpr = gl.SliceLayout(1, mma_layout)  # [HALF] vectors
+    cols: gl.constexpr = gl.SliceLayout(0, mma_layout)  # [BN] vectors
+    per_query: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # [QPB, SEG]
+    if SPLIT_DOCS:
+        STEP: gl.constexpr = 2
+        OFF: gl.constexpr = h
+    else:
+        STEP: gl.constexpr = 1
+        OFF: gl.constexpr = 0
+
+    i_m, start, count = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+    i_m_o, _, count_o = _stream(1 - h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+    n = count * n_tiles
+    active = i_m < n_mblocks  # shared documents with an odd number of m-blocks: the last has one
+    # MMAs the other consumer issues (the turn protocol waits only for those)
+    n_other = gl.where(i_m_o < n_mblocks, count_o * n_tiles, 0)
+
+    o_q, o_s, m_row, i_qgroup, i_chunk = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, rows)
+    if HAS_QMASK:
+        b_qm = gl.load(qmask_ptr + o_q.to(gl.int64) * Lq + o_s, mask=m_row, other=0) != 0  # [HALF]
+    else:
+        b_qm = m_row
+    o_n = gl.arange(0, BN, cols)
+    o_qb = i_qgroup * QPB + gl.arange(0, QPB, gl.SliceLayout(1, per_query))  # [QPB]
+    m_qb = (o_qb < Nq) & active
+
+    zero = gl.zeros([HALF, BN], gl.float32, mma_layout)
+    if Q_IN_REGS:
+        # The query block as the MMA's register operand: each MMA then reads only the document
+        # tile from shared memory (at BN = 64, reading both would cap the tensor cores).
+        q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2))
+    else:
+        q_op = q_smem
+    b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
+    if SAVE_ARGMAX:
+        b_arg = gl.zeros([HALF], gl.int32, rows)  # tile where b_max was reached
+        b_wintile = gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout)  # that tile's similarities
+    if HAS_DMASK:
+        b_seen = gl.zeros([BN], gl.int32, cols)  # any real token in this document so far
+
+    for t in range(n):
+        k = t * STEP + OFF
+        slot = k % STAGES
+        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+        if active:
+            # Ping-pong: consumer 0 issues tile t after consumer 1 issued tile t-1; consumer 1
+            # after consumer 0 issued tile t. The MMAs queue in that order on the tensor cores.
+            if h == 0:
+                mbarrier.wait(turn.index(0), (t - 1) & 1, pred=(t > 0) & (t <= n_other))
+            else:
+                mbarrier.wait(turn.index(1), t & 1, pred=t < n_other)
+            acc = warpgroup_mma(q_op, d_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            mbarrier.arrive(turn.index(1 - h), count=1)
+            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # [HALF, BN]
+            mbarrier.arrive(empty.index(slot), count=1)
+
+            j = start + t // n_tiles  # document
+            i_t = t % n_tiles  # its tile
+            o_t = i_t * BN + o_n  # [BN] document tokens
+            m_t = o_t < Ld  # columns past Ld belong to the next document
+            if MULTIPLY:
+                # PyLate's rule: masked similarities become 0 and still take part in the max.
+                if HAS_QMASK:
+                    b_s = b_s * b_qm.to(gl.float32)[:, None]
+                if HAS_DMASK:
+                    b_dm = gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0
+                    b_s = b_s * b_dm.to(gl.float32)[None, :]
+                if (i_t + 1) * BN > Ld:
+                    b_s = gl.where(m_t[None, :], b_s, NEG_INF)
+            elif HAS_DMASK:
+                b_dm = (gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0) & m_t
+                b_s = gl.where(b_dm[None, :], b_s, NEG_INF)
+                b_seen = b_seen | b_dm.to(gl.int32)
+            elif (i_t + 1) * BN > Ld:
+                # Only the ragged last tile pays for the bounds mask.
+                b_s = gl.where(m_t[None, :], b_s, NEG_INF)
+
+            b_tmax = gl.reduce(b_s, 1, _max_nan)  # [HALF]
+            if SAVE_ARGMAX:
+                # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
+                upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
+                b_wintile = gl.where(upd[:, None], b_s, b_wintile)
+                b_arg = gl.where(upd, i_t, b_arg)
+                b_max = gl.where(upd, b_tmax, b_max)
+            else:
+                b_max = _max_nan(b_max, b_tmax)
+
+            if i_t == n_tiles - 1:
+                # Document j is complete: one max per query token, one sum per query.
+                m_keep = m_row
+                if HAS_QMASK and not MULTIPLY:
+                    m_keep = m_keep & b_qm
+                if HAS_DMASK and not MULTIPLY:
+                    m_keep = m_keep & (gl.max(b_seen, axis=0) > 0)  # an empty document scores 0
+                b_best = gl.where(m_keep, b_max, 0.0)
+                b_score = gl.sum(gl.convert_layout(gl.reshape(b_best, [QPB, SEG]), per_query), axis=1)  # [QPB]
+                gl.store(out_ptr + (i_chunk.to(gl.int64) * Nq + o_qb) * Nd + j, b_score, mask=m_qb)
+                if SAVE_ARGMAX:
+                    # The first column of the winning tile that holds the max (NaN wins). A row
+                    # with no finite winner finds none (BN): it is masked to -1 below.
+                    is_max = (b_wintile == b_max[:, None]) | (b_wintile != b_wintile)
+                    b_col = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
+                    b_idx = b_arg * BN + gl.minimum(b_col, BN - 1)
+                    m_arg = m_row
+                    if HAS_QMASK:
+                        m_arg = m_arg & b_qm
+                    if HAS_DMASK and not MULTIPLY:
+                        m_arg = m_arg & (gl.max(b_seen, axis=0) > 0)
+                    b_idx = gl.where(m_arg, b_idx, -1)
+                    gl.store(argmax_ptr + (o_q.to(gl.int64) * Nd + j) * Lq + o_s, b_idx, mask=m_row)
+                    b_arg = gl.zeros([HALF], gl.int32, rows)
+                if HAS_DMASK:
+                    b_seen = gl.zeros([BN], gl.int32, cols)
+                b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
+        else:
+            mbarrier.arrive(empty.index(slot), count=1)
+
+
+@gluon.jit
+def _maxsim_fwd_ws_kernel(
+    q_ptr, d_desc, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
+    Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program,
+    stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
+    BN: gl.constexpr, BK: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
+    HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """d_desc: TMA descriptor of D as [Nd * Ld, BK], block [BN, BK]; masks bool [Nq, Lq] and
+    [Nd, Ld] contiguous; out [n_chunks, Nq, Nd] (or [Nq, Nd]) fp32; argmax [Nq, Nd, Lq] int32.
+    The default partition (num_warps = 4) is consumer 0."""
+    pid = gl.program_id(0)
+    n_tiles = gl.cdiv(Ld, BN)
+
+    # The two query blocks, loaded once into shared memory (written by threads, read by wgmma:
+    # fence, then barrier). With split documents both consumers read block 0.
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    q_dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_smem = gl.allocate_shared_memory(q_dtype, [2, HALF, BK], gl.NVMMASharedLayout.get_default_for([HALF, BK], q_dtype))
+    o_k = gl.arange(0, BK, gl.SliceLayout(0, load_layout))
+    for h in gl.static_range(2):
+        i_m, _, _ = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+        o_q, o_s, m_row, _, _ = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, gl.SliceLayout(1, load_layout))
+        p_q = q_ptr + o_q.to(gl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql + o_k[None, :]
+        q_smem.index(h).store(gl.load(p_q, mask=m_row[:, None], other=0.0))  # [HALF, BK]
+    fence_async_shared()
+    gl.thread_barrier()
+
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [STAGES, BN, BK], d_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1 if SPLIT_DOCS else 2)  # its readers
+    for s in gl.static_range(2):
+        mbarrier.init(turn.index(s), count=1)
+
+    # (The argument tuples are written out: a tuple built by concatenation turns constexprs into
+    # tensors.)
+    gl.warp_specialize([
+        (_consumer, (0, q_smem.index(0), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
+                     pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
+        (_consumer, (1, q_smem.index(0 if SPLIT_DOCS else 1), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr,
+                     out_ptr, argmax_ptr, pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
+        (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
+                     BN, STAGES, SPLIT_DOCS)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def ws_plan(Nq: int, Nd: int, Lq: int, split_docs: bool | None, n_sms: int):
+    """(SEG, chunks, m-blocks, split_docs, documents per program, programs) of one launch: about one
+    program per multiprocessor (a program holds ~200 KB of shared memory)."""
+    seg = min(next_pow2(Lq), HALF)
+    n_chunks = -(-Lq // seg)
+    n_mblocks = -(-Nq // (HALF // seg)) * n_chunks
+    if split_docs is None:
+        split_docs = n_mblocks == 1  # one row block: its two consumers split the documents
+    units = n_mblocks if split_docs else -(-n_mblocks // 2)
+    docs_per_program = max(1, -(-Nd // max(1, n_sms // units)))
+    return seg, n_chunks, n_mblocks, split_docs, docs_per_program, units * -(-Nd // docs_per_program)
+
+
+def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
+                      d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
+                      BN: int = 128, STAGES: int = 4, split_docs: bool | None = None,
+                      q_in_regs: bool = False, consumer_regs: int = 232) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``) of
+    ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in {64, 128}, D contiguous), masks bool
+    ``[Nq, Lq]`` / ``[Nd, Ld]``: the contract of ``maxsim.maxsim`` within this kernel's scope (module
+    docstring). ``split_docs`` None: split when there is one row block. Raises ValueError outside it."""
+    if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
+            or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
+        raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[0], D.shape[1]
+    device_index = Q.device.index if Q.device.index is not None else torch.cuda.current_device()
+    seg, n_chunks, n_mblocks, split_docs, docs_per_program, n_programs = ws_plan(
+        Nq, Nd, Lq, split_docs, multiprocessors(device_index))
+    if split_docs and STAGES % 2:
+        raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
+    Q = Q if Q.stride(-1) == 1 else Q.contiguous()
+    D2 = D.contiguous().view(Nd * Ld, d)
+    qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
+    dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
+    gl_dtype = gl.float16 if Q.dtype == torch.float16 else gl.bfloat16
+    d_desc = TensorDescriptor.from_tensor(D2, [BN, d], gl.NVMMASharedLayout.get_default_for([BN, d], gl_dtype))
+    out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
+    argmax = torch.empty((Nq, Nd, Lq), dtype=torch.int32, device=Q.device) if save_argmax else None
+    _maxsim_fwd_ws_kernel[(n_programs,)](
+        Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
+        argmax if argmax is not None else out,
+        Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1),
+        BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
+        HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
+        Q_IN_REGS=q_in_regs, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=168,
+    )
+    return (out if n_chunks == 1 else out.sum(0)), argmax
