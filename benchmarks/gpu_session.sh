@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [profile] [overhead] [bwdprof] [hostprof] [overlap] [ws] [bench] [sweep] [sweeppeers] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [profile] [overhead] [bwdprof] [hostprof] [ws] [bench] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,9 +26,8 @@ for step in "$@"; do
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
     bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;
     hostprof) python3 benchmarks/profile_train_host.py 2>&1 | tee "$OUT/hostprof.log" ;;
-    overlap) { python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_overlap_gpu.py && python3 benchmarks/overlap_bench.py; } 2>&1 | tee "$OUT/overlap.log" ;;
     ws) { timeout 150 python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_ws_gpu.py -x ${WS_TESTS:+-k "$WS_TESTS"} 2>&1 | tail -15; timeout 270 python3 benchmarks/ws_bench.py ${WS_SHAPES:+--shapes $WS_SHAPES}; } 2>&1 | tee "$OUT/ws.log" ;;
-    train) python3 -m maxsim bench --mode train --quick --timeout 60 --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
+    train) python3 -m maxsim bench --mode train --quick --timeout 45 --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
     sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
     sweeppeers) python3 -m maxsim bench --shapes sweep --quick --providers maxsim,late-interaction-kernels,flash-maxsim \

@@ -31,7 +31,7 @@ from maxsim.dense.backward import (
     _normalize_jacobian_kernel,
 )
 from maxsim.dense.forward import _maxsim_fwd_kernel
-from maxsim.dense.forward_overlap import _maxsim_fwd_overlap_kernel
+from maxsim.dense.forward_ws import WS_MAXNREG, _maxsim_fwd_ws_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
 
@@ -60,7 +60,10 @@ def compile_variant(kernel, pointers: dict, constexprs: dict, num_warps: int, nu
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
     src = source(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if kernel is _maxsim_fwd_ws_kernel:
+        options["maxnreg"] = WS_MAXNREG  # as launched
+    return triton.compile(src, target=TARGET, options=options)
 
 
 def ptxas_report(ptx: str) -> str:
@@ -160,28 +163,30 @@ EXPECT_WGMMA = {
 }
 
 
-def overlap_variants():
-    """The Gluon prototype (maxsim/dense/forward_overlap.py): its point is the wgmma kept in flight
-    across the epilogue (wait_group 1), checked below."""
+def ws_variants():
+    """The warp-specialized Gluon forward (maxsim/dense/forward_ws.py): its point is the producer and
+    consumer partitions (setmaxnreg hands the consumers their registers) around wgmma, checked below."""
     flags = dict(HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False, SAVE_ARGMAX=False)
-    for BM, BN, warps, dt, extra in [
-        (128, 64, 4, "fp16", {}),
-        (256, 64, 8, "bf16", {}),
-        (128, 128, 4, "bf16", {}),
-        (128, 64, 4, "bf16", dict(HAS_QMASK=True, HAS_DMASK=True)),
-        (128, 64, 4, "bf16", dict(HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
-        (256, 64, 8, "bf16", dict(SAVE_ARGMAX=True)),
-        (128, 64, 8, "bf16", dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True)),
+    for BN, d, dt, split, regs, extra in [
+        (128, 128, "bf16", False, True, {}),                                   # in-batch, ColPali, 32 x 100K
+        (128, 128, "fp16", True, True, {}),                                    # one row block: split documents
+        (128, 128, "fp16", False, False, {}),                                  # query block from shared memory
+        (128, 64, "fp16", False, True, {}),
+        (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True)),                # training
+        (64, 128, "bf16", True, True, dict(HAS_QMASK=True, HAS_DMASK=True)),
+        (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
     ]:
-        layout = gl.NVMMASharedLayout.get_default_for([BN, 128], gl.float16 if dt == "fp16" else gl.bfloat16)
+        layout = gl.NVMMASharedLayout.get_default_for([BN, d], gl.float16 if dt == "fp16" else gl.bfloat16)
         ptrs = dict(q_ptr=dt, qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32",
-                    d_desc=f"tensordesc<{dt}[{BN},128],{layout!r}>")
-        consts = dict(BM=BM, BN=BN, BK=128, SEG=32, STAGES=3, num_warps=warps, **dict(flags, **extra))
+                    d_desc=f"tensordesc<{dt}[{BN},{d}],{layout!r}>")
+        consts = dict(BN=BN, BK=d, SEG=32, STAGES=4, SPLIT_DOCS=split, Q_IN_REGS=regs, num_warps=4,
+                      **dict(flags, **extra))
         tag = " ".join(k.lower() for k, v in extra.items() if v)
-        yield f"fwd overlap (Gluon) BM{BM} BN{BN} w{warps} {dt} {tag}".rstrip(), _maxsim_fwd_overlap_kernel, consts, ptrs, warps
+        name = f"fwd ws (Gluon) BN{BN} d{d} {dt}{' split' if split else ''}{'' if regs else ' q-smem'} {tag}"
+        yield name.rstrip(), _maxsim_fwd_ws_kernel, consts, ptrs, 4
 
 
-EXPECT_OVERLAP = {name for name, *_ in overlap_variants()}
+EXPECT_WS = {name for name, *_ in ws_variants()}
 
 
 def all_variants():
@@ -189,7 +194,7 @@ def all_variants():
     jobs = [(name, _maxsim_fwd_kernel, c, p, w, s) for name, c, p, w, s in dense_forward_variants()]
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in backward_variants()]
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in varlen_variants()]
-    jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in overlap_variants()]
+    jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in ws_variants()]
     return jobs
 
 
@@ -206,8 +211,8 @@ def main() -> int:
                 problems.append("over Hopper's 227 KB of shared memory per block")
             if name in EXPECT_WGMMA and "wgmma" not in ptx:
                 problems.append("the dot no longer lowers to wgmma")
-            if name in EXPECT_OVERLAP and "wgmma.wait_group.sync.aligned 1" not in ptx:
-                problems.append("no wgmma stays in flight across the epilogue")
+            if name in EXPECT_WS and ("setmaxnreg" not in ptx or "wgmma" not in ptx):
+                problems.append("not warp-specialized around wgmma")
             status = "FAIL" if problems else "ok"
             failed += bool(problems)
             rows.append(f"{name:40s} {status:5s} smem {k.metadata.shared / 1024:6.1f} KB  {ptxas_report(ptx)}  "

@@ -32,6 +32,35 @@ def test_corpus_class_changes_only_the_documented_buckets():
     assert tuning_key("k", 32, 32, 128, f16, False, "f", big_corpus=True) != tuning_key("k", 32, 32, 128, f16, False, "f")
 
 
+def test_warp_specialized_kernel_only_where_it_was_measured_faster():
+    # Many query rows on a big corpus, when the Gluon kernel can run: it, with BN=64 under the
+    # argmax. Small corpora, few rows, the interpreter, or a call it cannot run: the Triton rule.
+    f16, ws = torch.float16, dict(warp_specialize=True)
+    for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (32, 32, 128), (8, 32, 64)]:
+        cfg = forward_config(nq, lq, d, f16, False, big_corpus=True, **ws)
+        assert cfg.warp_specialized and cfg.BM == 256 and cfg.BN == 128 and cfg.BK == d
+        assert forward_config(nq, lq, d, f16, False, argmax=True, big_corpus=True, **ws).BN == 64
+        assert not forward_config(nq, lq, d, f16, False, big_corpus=True).warp_specialized
+        assert not forward_config(nq, lq, d, f16, False, big_corpus=False, **ws).warp_specialized
+        assert not forward_config(nq, lq, d, f16, False, True, big_corpus=True, **ws).warp_specialized
+    for nq, lq in [(1, 128), (1, 32), (4, 32)]:  # fewer than 256 rows: not compute-bound
+        assert not forward_config(nq, lq, 128, f16, False, big_corpus=True, **ws).warp_specialized
+    assert neighbour_configs(forward_config(128, 128, 128, f16, False, big_corpus=True, **ws))[1].num_stages == 2
+
+
+def test_warp_specialized_kernel_needs_hopper_shared_documents_and_16_bit():
+    from maxsim.dense.forward import warp_specialize_ok
+
+    Q = torch.zeros(4, 32, 128, dtype=torch.float16)
+    D = torch.zeros(1, 10, 50, 128, dtype=torch.float16)
+    assert not warp_specialize_ok(Q, D, False, False, -1)  # no GPU (device index -1)
+    assert not warp_specialize_ok(Q, D, False, True, 0)  # the interpreter
+    assert not warp_specialize_ok(Q, D, True, False, 0)  # normalize
+    assert not warp_specialize_ok(Q.float(), D.float(), False, False, 0)
+    assert not warp_specialize_ok(Q, D.expand(4, -1, -1, -1), False, False, 0)  # candidate lists
+    assert not warp_specialize_ok(Q[..., :96], D[..., :96], False, False, 0)  # d not in {64, 128}
+
+
 def test_neighbours_start_with_the_rule_and_are_distinct():
     rule = forward_config(32, 32, 128, torch.float16, False)
     cands = neighbour_configs(rule)
@@ -69,3 +98,13 @@ def test_default_path_honours_env(monkeypatch, tmp_path):
     assert TuningCache.default_path() == tmp_path / "x.json"
     monkeypatch.setenv("MAXSIM_AUTOTUNE", "1")
     assert _tuning.autotune_enabled()
+
+
+def test_warp_specialized_launch_plan_is_plain_integers():
+    # A constexpr leaking into the plan's arithmetic would make Triton specialise the kernel on the
+    # value (a compile per batch size): the plan must be Python ints and bools.
+    from maxsim.dense.forward_ws import ws_plan
+
+    for nq, nd, lq, split in [(8, 1100, 32, None), (1, 1000, 128, None), (3, 99, 1024, False), (128, 128, 128, True)]:
+        plan = ws_plan(nq, nd, lq, split, 132)
+        assert all(type(x) in (int, bool) for x in plan), plan

@@ -32,6 +32,9 @@ class ForwardConfig:
     row_max: reduce each tile to a per-row max at once instead of a running [BM, BN] max.
     tma: load document tiles through the tensor-memory accelerator (16-bit D whose tokens form
         one strided run of rows per query group; other inputs fall back to pointer loads).
+    warp_specialized: run the Gluon kernel of ``maxsim/dense/forward_ws.py`` instead (Hopper): a
+        TMA producer warp and two consumer warpgroups of 128 rows each (BM = 256) taking turns on
+        the tensor cores; num_stages is its ring of document tiles.
     """
 
     BM: int
@@ -42,6 +45,7 @@ class ForwardConfig:
     waves: int = 2
     row_max: bool = False
     tma: bool = False
+    warp_specialized: bool = False
 
 
 @functools.lru_cache(maxsize=16)
@@ -61,13 +65,19 @@ def is_big_corpus(doc_tokens: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False,
-                   argmax: bool = False, big_corpus: bool = False) -> ForwardConfig:
+                   argmax: bool = False, big_corpus: bool = False, warp_specialize: bool = False) -> ForwardConfig:
     """The forward tile configuration for a shape: depends on power-of-two buckets of Lq, Nq and d,
     the dtype, the layout and whether the corpus is big (``big_corpus``: at least
     ``BIG_CORPUS_TOKENS`` document tokens), so new batch sizes and document lengths compile at most
-    once per corpus class (``maxsim.warmup`` compiles both).
+    once per corpus class (``maxsim.warmup`` compiles both). ``warp_specialize``: the call can run
+    the Gluon kernel (``maxsim.dense.forward.warp_specialize_ok``: a Hopper GPU, documents shared,
+    fp16/bf16, d in {64, 128}, no normalize).
 
-    From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py and probe_configs.py):
+    From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py, probe_configs.py, ws_bench.py):
+    - many query rows (>= 256) on a big corpus, where the Gluon kernel can run: the warp-specialized
+      kernel, BN=128 (64 with the argmax, whose winning tile also lives in registers), a ring of 4
+      tiles, one program per multiprocessor: in-batch 128 x 128 0.660 against 0.904 ms, ColPali
+      1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.973 against 1.13;
     - long queries stacked (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, document
       tiles through TMA (``tma``), per-tile row max (``row_max``: only the accumulator lives in
       registers). Two programs share a multiprocessor, so one's max epilogue runs during the
@@ -92,11 +102,14 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
       128 x 128; a training step 1.55 against 1.86 ms); short queries: BM=256, BN=64, 3 stages,
       8 programs per multiprocessor. The corpus class does not apply.
     """
-    big_corpus = big_corpus and not argmax
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     bk = max(16, next_pow2(d))
     compute_bound = rows >= 256  # many query rows share each document tile
+    if warp_specialize and compute_bound and big_corpus and not interpret:
+        return ForwardConfig(BM=256, BN=64 if argmax else 128, BK=bk, num_warps=4, num_stages=4, waves=1,
+                             row_max=True, tma=True, warp_specialized=True)
+    big_corpus = big_corpus and not argmax
     if dtype == torch.float32:
         # IEEE fp32 dots run on the FMA units: modest tiles, a running max.
         cfg = ForwardConfig(BM=min(128, max(16, rows)), BN=32, BK=min(64, bk), num_warps=4, num_stages=2)
@@ -164,6 +177,8 @@ def tuning_key(kind: str, Nq: int, Lq: int, d: int, dtype: torch.dtype, candidat
 def neighbour_configs(rule: ForwardConfig) -> list[ForwardConfig]:
     """The rule's config and a few neighbours (tile widths, warps, max strategy, waves)."""
     out = [rule]
+    if rule.warp_specialized:  # its ring depth; BN is fixed by the registers (argmax or not)
+        return out + [dataclasses.replace(rule, num_stages=2)]
     for BM, BN, warps, row_max, waves in (
         (rule.BM, 128 if rule.BN == 64 else 64, rule.num_warps, rule.row_max, rule.waves),
         (rule.BM, rule.BN, 8 if rule.num_warps == 4 else 4, rule.row_max, rule.waves),

@@ -58,12 +58,14 @@ def _compile_big_corpus_variant(Q, D, qm, dm, normalize, candidates):
     """Launch the big-corpus configuration on the same tiny inputs (it compiles the kernel variant
     that a call with a big corpus will use), when it differs from the small-corpus one."""
     from maxsim._tuning import forward_config
-    from maxsim.dense.forward import maxsim_forward
+    from maxsim.dense.forward import maxsim_forward, warp_specialize_ok
 
     Nq, Lq, d = Q.shape
-    small = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=False)
-    big = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=True)
+    D4 = D if candidates else D.unsqueeze(0)
+    dm4 = None if dm is None else (dm if candidates else dm.unsqueeze(0))
+    ws = warp_specialize_ok(Q, D4, normalize, False, Q.device.index if Q.device.index is not None
+                            else torch.cuda.current_device())
+    small = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=False, warp_specialize=ws)
+    big = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=True, warp_specialize=ws)
     if big != small:
-        D4 = D if candidates else D.unsqueeze(0)
-        dm4 = None if dm is None else (dm if candidates else dm.unsqueeze(0))
         maxsim_forward(Q, D4, qm, dm4, normalize=normalize, config=big)

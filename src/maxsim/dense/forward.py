@@ -24,6 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from maxsim._dispatch import interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
+from maxsim.dense.forward_ws import maxsim_forward_ws
 from maxsim._tuning import (
     ForwardConfig,
     autotune_enabled,
@@ -314,12 +315,15 @@ def maxsim_forward(
     def run(cfg: ForwardConfig, plan_key=None) -> torch.Tensor:
         return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key)
 
+    ws_ok = warp_specialize_ok(Q, D, normalize, interpret, device_index)
+    if config is not None and config.warp_specialized and not ws_ok:
+        config = None  # (a tuned or given Gluon configuration, for a call it cannot run)
     if config is None:
         big = is_big_corpus(D.shape[0] * Nd * Ld)
-        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax, big)
+        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax, big, ws_ok)
         if autotune_enabled() and not interpret and not torch.cuda.is_current_stream_capturing():
             flags = f"qm{int(qm is not None)}dm{int(dm is not None)}mul{int(multiply)}n{int(normalize)}a{int(save_argmax)}"
-            key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags, big)
+            key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags + f"ws{int(ws_ok)}", big)
             tuned = tuning_cache().get(key)
             if tuned is None:
                 tuned = pick_fastest(neighbour_configs(config), run, cuda_timer)
@@ -334,6 +338,11 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
+    if cfg.warp_specialized:
+        # Compute-bound calls (hundreds of microseconds): no launch plan needed.
+        return maxsim_forward_ws(Q, D[0], qm, None if dm is None else dm[0], multiply=multiply,
+                                 save_argmax=argmax is not None, BN=cfg.BN, STAGES=cfg.num_stages,
+                                 argmax_out=argmax)[0]
     seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
     # One partial score per query chunk ([n_chunks, Nq, Nd], summed below) unless there is one chunk.
     out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
@@ -363,6 +372,19 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         _PLANS[plan_key] = _ForwardPlan(replay, ints, tuple(out.shape), n_chunks,
                                         tuple(argmax.shape) if argmax is not None else None, desc_layout)
     return out if n_chunks == 1 else out.sum(0)
+
+
+def warp_specialize_ok(Q: torch.Tensor, D: torch.Tensor, normalize: bool, interpret: bool, device_index: int) -> bool:
+    """Whether the warp-specialized Gluon kernel (forward_ws.py) can run this call: a Hopper GPU
+    (its wgmma and warp specialization are sm_90's), documents shared by all queries (D
+    ``[1, Nd, Ld, d]``, or one query), fp16/bf16, d in {64, 128}, no normalize."""
+    return (not interpret and not normalize and Q.dtype in (torch.float16, torch.bfloat16)
+            and Q.shape[2] in (64, 128) and (D.shape[0] == 1 or Q.shape[0] == 1) and _is_hopper(device_index))
+
+
+@functools.lru_cache(maxsize=16)
+def _is_hopper(device_index: int) -> bool:
+    return device_index >= 0 and torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 def _tensor_args(Q, D, d_desc, qm, dm, out, argmax) -> tuple:

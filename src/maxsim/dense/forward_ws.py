@@ -41,7 +41,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from maxsim._tuning import multiprocessors, next_pow2
 
-HALF = gl.constexpr(128)  # query rows per consumer warpgroup
+HALF_ROWS = 128  # query rows per consumer warpgroup (a plain int on the host: a constexpr in the
+HALF = gl.constexpr(HALF_ROWS)  # launch plan's arithmetic would specialise the kernel on its results)
+# Registers per thread at launch: 12 warps (two consumer warpgroups, the producer's) x 168 fit the
+# 64K register file; setmaxnreg then gives the consumers 232-248 and the producer 24.
+WS_MAXNREG = 168
 
 
 @gluon.jit
@@ -247,14 +251,15 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
             mbarrier.arrive(empty.index(slot), count=1)
 
 
-@gluon.jit
+# Sizes vary call to call: no value specialisation (as forward.py's kernel).
+@gluon.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "n_chunks", "n_mblocks", "docs_per_program"])
 def _maxsim_fwd_ws_kernel(
     q_ptr, d_desc, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
     Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program,
     stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
     BN: gl.constexpr, BK: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
     HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr,
-    Q_IN_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    Q_IN_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """d_desc: TMA descriptor of D as [Nd * Ld, BK], block [BN, BK]; masks bool [Nq, Lq] and
@@ -298,15 +303,15 @@ def _maxsim_fwd_ws_kernel(
                      BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
         (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
                      BN, STAGES, SPLIT_DOCS)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    ], [4, 1], [232, 24])  # registers: consumer 1 and the producer (the kernel runs at maxnreg=168)
 
 
 def ws_plan(Nq: int, Nd: int, Lq: int, split_docs: bool | None, n_sms: int):
     """(SEG, chunks, m-blocks, split_docs, documents per program, programs) of one launch: about one
     program per multiprocessor (a program holds ~200 KB of shared memory)."""
-    seg = min(next_pow2(Lq), HALF)
+    seg = min(next_pow2(Lq), HALF_ROWS)
     n_chunks = -(-Lq // seg)
-    n_mblocks = -(-Nq // (HALF // seg)) * n_chunks
+    n_mblocks = -(-Nq // (HALF_ROWS // seg)) * n_chunks
     if split_docs is None:
         split_docs = n_mblocks == 1  # one row block: its two consumers split the documents
     units = n_mblocks if split_docs else -(-n_mblocks // 2)
@@ -314,14 +319,26 @@ def ws_plan(Nq: int, Nd: int, Lq: int, split_docs: bool | None, n_sms: int):
     return seg, n_chunks, n_mblocks, split_docs, docs_per_program, units * -(-Nd // docs_per_program)
 
 
+def tma_ready(D: torch.Tensor) -> bool:
+    """Whether ``D [Nd, Ld, d]`` can be read as TMA rows ``[Nd * Ld, d]`` in place: 16-bit elements,
+    a unit stride on d, the tokens of all documents one strided run (stride_dn == Ld * stride_dl),
+    16-byte aligned rows and row coordinates that fit int32."""
+    Nd, Ld, d = D.shape
+    return (D.element_size() == 2 and D.stride(2) == 1 and (Nd == 1 or D.stride(0) == Ld * D.stride(1))
+            and D.stride(1) % 8 == 0 and D.data_ptr() % 16 == 0 and Nd * Ld + 256 < 2**31)
+
+
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
-                      BN: int = 128, STAGES: int = 4, split_docs: bool | None = None,
-                      q_in_regs: bool = False, consumer_regs: int = 232) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``) of
-    ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in {64, 128}, D contiguous), masks bool
-    ``[Nq, Lq]`` / ``[Nd, Ld]``: the contract of ``maxsim.maxsim`` within this kernel's scope (module
-    docstring). ``split_docs`` None: split when there is one row block. Raises ValueError outside it."""
+                      BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
+                      argmax_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
+    into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
+    {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
+    the contract of ``maxsim.maxsim`` within this kernel's scope (module docstring). BN: document
+    tokens per tile (128; 64 with the argmax, which holds the winning tile in registers too).
+    STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
+    query block as the MMA's register operand. Raises ValueError outside the scope."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
             or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
         raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
@@ -333,19 +350,23 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     if split_docs and STAGES % 2:
         raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
-    D2 = D.contiguous().view(Nd * Ld, d)
+    D = D if tma_ready(D) else D.contiguous()
     qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
     dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
     gl_dtype = gl.float16 if Q.dtype == torch.float16 else gl.bfloat16
-    d_desc = TensorDescriptor.from_tensor(D2, [BN, d], gl.NVMMASharedLayout.get_default_for([BN, d], gl_dtype))
+    d_desc = TensorDescriptor(D, [Nd * Ld, d], [D.stride(1), 1], [BN, d],
+                              gl.NVMMASharedLayout.get_default_for([BN, d], gl_dtype))
     out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
-    argmax = torch.empty((Nq, Nd, Lq), dtype=torch.int32, device=Q.device) if save_argmax else None
+    argmax = None
+    if save_argmax:
+        argmax = argmax_out if argmax_out is not None else torch.empty((Nq, Nd, Lq), dtype=torch.int32,
+                                                                        device=Q.device)
     _maxsim_fwd_ws_kernel[(n_programs,)](
         Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
         argmax if argmax is not None else out,
         Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1),
         BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
         HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
-        Q_IN_REGS=q_in_regs, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=168,
+        Q_IN_REGS=q_in_regs, num_warps=4, maxnreg=WS_MAXNREG,
     )
     return (out if n_chunks == 1 else out.sum(0)), argmax
