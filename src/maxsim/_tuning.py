@@ -74,7 +74,7 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     fp16/bf16, d in {64, 128}, no normalize).
 
     From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py, probe_configs.py, ws_bench.py):
-    - many query rows (>= 256) on a big corpus, where the Gluon kernel can run: the warp-specialized
+    - many query rows (>= 256) on a big corpus at d = 128, where the Gluon kernel can run: the warp-specialized
       kernel, BN=128 (64 with the argmax, whose winning tile also lives in registers), a ring of 4
       tiles, one program per multiprocessor: in-batch 128 x 128 0.660 against 0.904 ms, ColPali
       1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.973 against 1.13;
@@ -106,7 +106,8 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     bk = max(16, next_pow2(d))
     compute_bound = rows >= 256  # many query rows share each document tile
-    if warp_specialize and compute_bound and big_corpus and not interpret:
+    if warp_specialize and compute_bound and big_corpus and d == 128 and not interpret:
+        # (d = 64 runs correctly in the kernel (GPU-tested) but was not timed: Triton's tile there.)
         return ForwardConfig(BM=256, BN=64 if argmax else 128, BK=bk, num_warps=4, num_stages=4, waves=1,
                              row_max=True, tma=True, warp_specialized=True)
     big_corpus = big_corpus and not argmax

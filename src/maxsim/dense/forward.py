@@ -10,6 +10,11 @@ tensor never leaves the chip, and every document tile read serves all BM rows.
 
 The loop over (document, tile) pairs is flattened into one loop so that Triton's software pipeline
 keeps loads in flight across document boundaries; the per-document epilogue is a branch inside it.
+
+On Hopper, compute-bound calls on big corpora run the warp-specialized Gluon kernel of
+forward_ws.py instead (the tile rule's ``warp_specialized`` configuration): there a producer warp
+and two consumer warpgroups overlap the max epilogue with the tensor cores, which this kernel's
+single instruction stream cannot.
 """
 
 from __future__ import annotations
