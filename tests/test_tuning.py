@@ -60,6 +60,9 @@ def test_warp_specialized_kernel_needs_hopper_shared_documents_and_16_bit():
     assert not warp_specialize_ok(Q.float(), D.float(), False, False, 0)
     assert not warp_specialize_ok(Q, D.expand(4, -1, -1, -1), False, False, 0)  # candidate lists
     assert not warp_specialize_ok(Q[..., :96], D[..., :96], False, False, 0)  # d not in {64, 128}
+    # D's tokens not one strided run of rows (the first 50 of each document's 100): the kernel
+    # would copy D.
+    assert not warp_specialize_ok(Q, torch.zeros(1, 10, 100, 128, dtype=torch.float16)[:, :, :50], False, False, 0)
 
 
 def test_neighbours_start_with_the_rule_and_are_distinct():

@@ -29,7 +29,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from maxsim._dispatch import interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
-from maxsim.dense.forward_ws import maxsim_forward_ws
+from maxsim.dense.forward_ws import maxsim_forward_ws, tma_ready
 from maxsim._tuning import (
     ForwardConfig,
     autotune_enabled,
@@ -380,11 +380,13 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
 
 
 def warp_specialize_ok(Q: torch.Tensor, D: torch.Tensor, normalize: bool, interpret: bool, device_index: int) -> bool:
-    """Whether the warp-specialized Gluon kernel (forward_ws.py) can run this call: a Hopper GPU
-    (its wgmma and warp specialization are sm_90's), documents shared by all queries (D
-    ``[1, Nd, Ld, d]``, or one query), fp16/bf16, d in {64, 128}, no normalize."""
+    """Whether the warp-specialized Gluon kernel (forward_ws.py) can run this call as it is: a
+    Hopper GPU (its wgmma and warp specialization are sm_90's), documents shared by all queries (D
+    ``[1, Nd, Ld, d]``, or one query), fp16/bf16, d in {64, 128}, no normalize, and D's tokens
+    readable by TMA in place (``forward_ws.tma_ready``: the kernel would copy D otherwise)."""
     return (not interpret and not normalize and Q.dtype in (torch.float16, torch.bfloat16)
-            and Q.shape[2] in (64, 128) and (D.shape[0] == 1 or Q.shape[0] == 1) and _is_hopper(device_index))
+            and Q.shape[2] in (64, 128) and (D.shape[0] == 1 or Q.shape[0] == 1) and tma_ready(D[0])
+            and _is_hopper(device_index))
 
 
 @functools.lru_cache(maxsize=16)
