@@ -42,8 +42,9 @@ def test_ws_forward_matches_reference(case):
 
 @pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("BN,q_in_regs", [(64, False), (128, False), (64, True)])
-def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs):
+@pytest.mark.parametrize("BN,q_in_regs,per_tile", [(64, False, False), (128, False, False), (64, True, False),
+                                                   (128, False, True), (128, True, True)])
+def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs, per_tile):
     # Integer-valued inputs: exact dots and frequent ties, so scores and argmax (lowest index)
     # must equal the reference's; one document fully masked scores 0 with argmax -1 (exclude).
     from maxsim.dense.forward_ws import maxsim_forward_ws
@@ -54,20 +55,24 @@ def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs):
     dm = torch.rand(150, 180, device="cuda") > 0.3
     dm[7] = False
     out, arg = maxsim_forward_ws(Q, D, qm, dm, multiply=mask_mode == "multiply", save_argmax=True, BN=BN,
-                                 split_docs=split, q_in_regs=q_in_regs)
+                                 split_docs=split, q_in_regs=q_in_regs, argmax_per_tile=per_tile)
     ref, ref_arg = maxsim_reference(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
     assert torch.equal(out, ref)
     assert torch.equal(arg, ref_arg)
 
 
-def test_ws_forward_propagates_nan():
+@pytest.mark.parametrize("BN,per_tile", [(64, False), (128, True)])
+def test_ws_forward_propagates_nan(BN, per_tile):
+    # A NaN wins the max (scores NaN) and the argmax (its token, the first NaN among several).
     from maxsim.dense.forward_ws import maxsim_forward_ws
 
-    Q = torch.randn(8, 32, 128, device="cuda", dtype=torch.float16)
-    D = torch.randn(40, 64, 128, device="cuda", dtype=torch.float16)
-    D[3, 5, 0] = float("nan")
-    out, _ = maxsim_forward_ws(Q, D)
-    ref = maxsim_reference(Q, D)
+    Q = torch.randint(-2, 3, (8, 32, 128), device="cuda").to(torch.float16)
+    D = torch.randint(-2, 3, (40, 300, 128), device="cuda").to(torch.float16)
+    D[3, 200, 0] = float("nan")
+    D[3, 250, 0] = float("nan")
+    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, argmax_per_tile=per_tile)
+    ref, ref_arg = maxsim_reference(Q, D, return_argmax=True)
     assert torch.equal(out.isnan(), ref.isnan()) and out[:, 3].isnan().all()
     keep = ~ref.isnan()
-    assert rel_err(out[keep], ref[keep]) < 1e-5
+    assert torch.equal(out[keep], ref[keep])
+    assert torch.equal(arg, ref_arg) and (arg[:, 3] == 200).all()

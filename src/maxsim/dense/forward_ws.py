@@ -124,7 +124,7 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
               pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
               BN: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
               HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr,
-              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
+              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, ARGMAX_PER_TILE: gl.constexpr):
     """One warpgroup: MMAs of its query block ``q_smem [HALF, d]`` against the ring's tiles, in turn
     with the other consumer, and the max epilogue: scores [n_chunks?, Nq, Nd], argmax [Nq, Nd, Lq].
     The mask rules, NaN propagation and the argmax (lowest index among ties, -1 where nothing wins)
@@ -167,9 +167,16 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
     else:
         q_op = q_smem
     b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
+    # The argmax, two ways. Winning tile (default): keep the tile where b_max was reached and its
+    # similarities, find the column once per document (one select per element per tile, but the
+    # tile [HALF, BN] lives in registers beside the accumulator, so BN = 64). ARGMAX_PER_TILE: find
+    # the column in every tile (a compare, a select and a min per element) and keep only the token
+    # index, so BN = 128 fits. (PER_TILE compiles and is exact by construction, but has not run on a
+    # GPU yet: benchmarks/ws_bench.py times both.)
     if SAVE_ARGMAX:
-        b_arg = gl.zeros([HALF], gl.int32, rows)  # tile where b_max was reached
-        b_wintile = gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout)  # that tile's similarities
+        b_arg = gl.zeros([HALF], gl.int32, rows)  # tile (per-tile: token) where b_max was reached
+        if not ARGMAX_PER_TILE:
+            b_wintile = gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout)  # that tile's similarities
     if HAS_DMASK:
         b_seen = gl.zeros([BN], gl.int32, cols)  # any real token in this document so far
 
@@ -214,8 +221,15 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
             if SAVE_ARGMAX:
                 # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
                 upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
-                b_wintile = gl.where(upd[:, None], b_s, b_wintile)
-                b_arg = gl.where(upd, i_t, b_arg)
+                if ARGMAX_PER_TILE:
+                    # The first column holding the tile's max (NaN wins; a row with no finite
+                    # value finds none and is masked to -1 at the document's end).
+                    is_max = (b_s == b_tmax[:, None]) | (b_s != b_s)
+                    b_tcol = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
+                    b_arg = gl.where(upd, i_t * BN + gl.minimum(b_tcol, BN - 1), b_arg)
+                else:
+                    b_wintile = gl.where(upd[:, None], b_s, b_wintile)
+                    b_arg = gl.where(upd, i_t, b_arg)
                 b_max = gl.where(upd, b_tmax, b_max)
             else:
                 b_max = _max_nan(b_max, b_tmax)
@@ -231,11 +245,14 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                 b_score = gl.sum(gl.convert_layout(gl.reshape(b_best, [QPB, SEG]), per_query), axis=1)  # [QPB]
                 gl.store(out_ptr + (i_chunk.to(gl.int64) * Nq + o_qb) * Nd + j, b_score, mask=m_qb)
                 if SAVE_ARGMAX:
-                    # The first column of the winning tile that holds the max (NaN wins). A row
-                    # with no finite winner finds none (BN): it is masked to -1 below.
-                    is_max = (b_wintile == b_max[:, None]) | (b_wintile != b_wintile)
-                    b_col = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
-                    b_idx = b_arg * BN + gl.minimum(b_col, BN - 1)
+                    if ARGMAX_PER_TILE:
+                        b_idx = b_arg
+                    else:
+                        # The first column of the winning tile that holds the max (NaN wins). A
+                        # row with no finite winner finds none (BN): it is masked to -1 below.
+                        is_max = (b_wintile == b_max[:, None]) | (b_wintile != b_wintile)
+                        b_col = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
+                        b_idx = b_arg * BN + gl.minimum(b_col, BN - 1)
                     m_arg = m_row
                     if HAS_QMASK:
                         m_arg = m_arg & b_qm
@@ -259,7 +276,7 @@ def _maxsim_fwd_ws_kernel(
     stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
     BN: gl.constexpr, BK: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
     HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr,
-    Q_IN_REGS: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, ARGMAX_PER_TILE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """d_desc: TMA descriptor of D as [Nd * Ld, BK], block [BN, BK]; masks bool [Nq, Lq] and
@@ -297,10 +314,10 @@ def _maxsim_fwd_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, q_smem.index(0), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
                      pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
-                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, ARGMAX_PER_TILE)),
         (_consumer, (1, q_smem.index(0 if SPLIT_DOCS else 1), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr,
                      out_ptr, argmax_ptr, pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
-                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, ARGMAX_PER_TILE)),
         (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
                      BN, STAGES, SPLIT_DOCS)),
     ], [4, 1], [232, 24])  # registers: consumer 1 and the producer (the kernel runs at maxnreg=168)
@@ -331,14 +348,16 @@ def tma_ready(D: torch.Tensor) -> bool:
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
-                      argmax_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      argmax_per_tile: bool = False, argmax_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
     {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
     the contract of ``maxsim.maxsim`` within this kernel's scope (module docstring). BN: document
     tokens per tile (128; 64 with the argmax, which holds the winning tile in registers too).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
-    query block as the MMA's register operand. Raises ValueError outside the scope."""
+    query block as the MMA's register operand. argmax_per_tile: find the argmax column in every
+    tile instead of holding the winning tile (not yet run on a GPU). Raises ValueError outside the
+    scope."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
             or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
         raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
@@ -367,6 +386,6 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1),
         BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
         HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
-        Q_IN_REGS=q_in_regs, num_warps=4, maxnreg=WS_MAXNREG,
+        Q_IN_REGS=q_in_regs, ARGMAX_PER_TILE=argmax_per_tile and save_argmax, num_warps=4, maxnreg=WS_MAXNREG,
     )
     return (out if n_chunks == 1 else out.sum(0)), argmax
