@@ -1,4 +1,5 @@
-"""GPU tier: the warp-specialized Gluon forward (maxsim/dense/forward_ws.py) against the reference:
+"""GPU tier: the warp-specialized Gluon forward (maxsim/dense/forward_ws.py) against the reference
+(outputs poisoned before each launch, so an element the kernel fails to write fails the test):
 shared and split documents, stacked and chunked queries, ragged Ld, an odd number of row blocks,
 both mask rules, the argmax (ties to the lowest index) and NaN."""
 
@@ -36,7 +37,7 @@ def test_ws_forward_matches_reference(case):
     D = torch.randn(nd, ld, d, device="cuda", dtype=dtype)
     ref = maxsim_reference(Q, D)
     for q_in_regs in (False, True):
-        out, _ = maxsim_forward_ws(Q, D, BN=BN, split_docs=split, q_in_regs=q_in_regs)
+        out, _ = maxsim_forward_ws(Q, D, BN=BN, split_docs=split, q_in_regs=q_in_regs, poison=True)
         assert rel_err(out, ref) < 1e-5
 
 
@@ -55,7 +56,7 @@ def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs, per_
     dm = torch.rand(150, 180, device="cuda") > 0.3
     dm[7] = False
     out, arg = maxsim_forward_ws(Q, D, qm, dm, multiply=mask_mode == "multiply", save_argmax=True, BN=BN,
-                                 split_docs=split, q_in_regs=q_in_regs, argmax_per_tile=per_tile)
+                                 split_docs=split, q_in_regs=q_in_regs, argmax_per_tile=per_tile, poison=True)
     ref, ref_arg = maxsim_reference(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
     assert torch.equal(out, ref)
     assert torch.equal(arg, ref_arg)
@@ -70,7 +71,7 @@ def test_ws_forward_propagates_nan(BN, per_tile):
     D = torch.randint(-2, 3, (40, 300, 128), device="cuda").to(torch.float16)
     D[3, 200, 0] = float("nan")
     D[3, 250, 0] = float("nan")
-    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, argmax_per_tile=per_tile)
+    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, argmax_per_tile=per_tile, poison=True)
     ref, ref_arg = maxsim_reference(Q, D, return_argmax=True)
     assert torch.equal(out.isnan(), ref.isnan()) and out[:, 3].isnan().all()
     keep = ~ref.isnan()

@@ -347,7 +347,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
         # Compute-bound calls (hundreds of microseconds): no launch plan needed.
         return maxsim_forward_ws(Q, D[0], qm, None if dm is None else dm[0], multiply=multiply,
                                  save_argmax=argmax is not None, BN=cfg.BN, STAGES=cfg.num_stages,
-                                 argmax_out=argmax)[0]
+                                 argmax_out=argmax, poison=POISON_OUTPUTS)[0]
     seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
     # One partial score per query chunk ([n_chunks, Nq, Nd], summed below) unless there is one chunk.
     out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)

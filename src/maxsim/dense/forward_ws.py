@@ -348,7 +348,8 @@ def tma_ready(D: torch.Tensor) -> bool:
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
-                      argmax_per_tile: bool = False, argmax_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      argmax_per_tile: bool = False, argmax_out: torch.Tensor | None = None,
+                      poison: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
     {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
@@ -357,7 +358,8 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
     query block as the MMA's register operand. argmax_per_tile: find the argmax column in every
     tile instead of holding the winning tile (not yet run on a GPU). Raises ValueError outside the
-    scope."""
+    scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
+    fails to write cannot pass for a result."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
             or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
         raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
@@ -380,6 +382,10 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     if save_argmax:
         argmax = argmax_out if argmax_out is not None else torch.empty((Nq, Nd, Lq), dtype=torch.int32,
                                                                         device=Q.device)
+    if poison:
+        out.fill_(float("nan"))
+        if argmax is not None:
+            argmax.fill_(-2)
     _maxsim_fwd_ws_kernel[(n_programs,)](
         Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
         argmax if argmax is not None else out,
