@@ -1,0 +1,130 @@
+"""Candidate for the backward's gather kernel, not yet timed on a GPU: documents BJ at a time.
+
+The shipped kernel (maxsim/dense/backward.py, ``_maxsim_bwd_gather_kernel``) walks one document
+per step. Each step loads that document's winners (argmax), and only then gathers the winning
+rows, so a step costs two dependent memory round trips. In the PTX (Triton 3.6, sm_90) nothing is
+pipelined across steps. At in-batch 128 x 128 the gather alone took 236 us
+(results/backward-profile-20261129-1320.log), about 3x what its 512 MB of row reads need from L2.
+This candidate loads the winners of BJ documents at once, then gathers their BJ x BS rows at once.
+A step keeps BJ times more rows in flight, and there are BJ times fewer steps.
+
+Kept out of the library until measured (a kernel change ships only after a GPU run). It covers the
+unified strategy without normalize (cross product and candidate lists).
+
+    TRITON_INTERPRET=1 python benchmarks/probe_backward_gather.py --check   (CPU: exactness)
+    python benchmarks/probe_backward_gather.py                              (GPU: timings)
+"""
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+from maxsim.dense import backward as B
+
+
+@triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld"])
+def _gather_blocked_kernel(
+    q_ptr, d_ptr, g_ptr, arg_ptr, gq_ptr, gd_ptr,
+    Nq, Nd, Lq, Ld, dim,
+    stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
+    BJ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, CANDIDATES: tl.constexpr, SCATTER_D: tl.constexpr,
+):
+    """As ``_maxsim_bwd_gather_kernel`` (no normalize), BJ documents per step."""
+    i_pid = tl.program_id(0)
+    n_sblocks = tl.cdiv(Lq, BS)
+    i_q = (i_pid // n_sblocks).to(tl.int64)
+    o_s = (i_pid % n_sblocks) * BS + tl.arange(0, BS)  # [BS]
+    o_d = tl.arange(0, BD)
+    o_j = tl.arange(0, BJ)
+    m_s = o_s < Lq
+    m_d = o_d < dim
+    m_sd = m_s[:, None] & m_d[None, :]
+    b_q = tl.load(q_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], mask=m_sd, other=0.0).to(tl.float32)
+    b_acc = tl.zeros([BS, BD], dtype=tl.float32)
+    i_dq = i_q if CANDIDATES else 0
+    for j0 in range(0, Nd, BJ):
+        m_j = j0 + o_j < Nd  # [BJ]
+        j = ((j0 + o_j + i_q) % Nd).to(tl.int64)  # [BJ] (each query starts at another document)
+        g = tl.load(g_ptr + i_q * Nd + j, mask=m_j, other=0.0)  # [BJ]
+        b_t = tl.load(arg_ptr + ((i_q * Nd + j) * Lq)[:, None] + o_s[None, :],
+                      mask=m_j[:, None] & m_s[None, :], other=-1)  # [BJ, BS] winners
+        m_win = b_t >= 0
+        b_t = tl.maximum(b_t, 0).to(tl.int64)
+        p_rows = d_ptr + i_dq * stride_dq + (j * stride_dn)[:, None, None] + (b_t * stride_dl)[:, :, None] \
+            + o_d[None, None, :]
+        m_wd = m_win[:, :, None] & m_d[None, None, :]
+        b_dw = tl.load(p_rows, mask=m_wd, other=0.0).to(tl.float32)  # [BJ, BS, BD]
+        b_acc += tl.sum(g[:, None, None] * b_dw, axis=0)
+        if SCATTER_D:
+            o_row = ((i_dq * Nd + j) * Ld)[:, None] + b_t  # [BJ, BS]
+            tl.atomic_add(gd_ptr + o_row[:, :, None] * dim + o_d[None, None, :], g[:, None, None] * b_q[None, :, :],
+                          mask=m_wd, sem="relaxed")
+    tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
+
+
+def backward_blocked(g, Q, D4, argmax, BJ, BS, warps):
+    """unified grad_Q, grad_D (no normalize) with the candidate kernel."""
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D4.shape[1], D4.shape[2]
+    candidates = D4.shape[0] != 1
+    grad_Q = torch.empty_like(Q)
+    gd32 = torch.zeros(D4.shape, dtype=torch.float32, device=D4.device)
+    BS = min(BS, triton.next_power_of_2(Lq))
+    _gather_blocked_kernel[(Nq * triton.cdiv(Lq, BS),)](
+        Q, D4, g.float().contiguous(), argmax, grad_Q, gd32, Nq, Nd, Lq, Ld, d,
+        D4.stride(0) if candidates else 0, D4.stride(1), D4.stride(2),
+        BJ=BJ, BS=BS, BD=triton.next_power_of_2(d), CANDIDATES=candidates, SCATTER_D=True, num_warps=warps)
+    return grad_Q, gd32.to(D4.dtype)
+
+
+def inputs(nq, nd, lq, ld, d, candidates, device, dtype):
+    from maxsim.dense.forward import maxsim_forward
+
+    Q = torch.randn(nq, lq, d, device=device).to(dtype)
+    D4 = torch.randn(nq if candidates else 1, nd, ld, d, device=device).to(dtype)
+    _, arg = maxsim_forward(Q, D4, None, None, save_argmax=True)
+    return Q, D4, arg, torch.randn(nq, nd, device=device)
+
+
+def check():
+    """CPU (interpreter): the candidate's gradients against the shipped kernel's."""
+    for nq, nd, lq, ld, cand, BJ, BS in [(3, 5, 20, 33, False, 4, 8), (2, 7, 16, 40, True, 8, 16), (4, 3, 9, 17, False, 2, 4)]:
+        Q, D4, arg, g = inputs(nq, nd, lq, ld, 32, cand, "cpu", torch.float32)
+        ref_q, ref_d = B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="unified")
+        gq, gd = backward_blocked(g, Q, D4, arg, BJ, BS, 4)
+        err = max(float((gq - ref_q).abs().max()), float((gd - ref_d).abs().max()))
+        print(f"({nq}, {nd}, {lq}, {ld}) candidates={cand} BJ={BJ} BS={BS}: max |diff| {err:.2e}")
+        assert err < 1e-4
+
+
+def time_gpu():
+    from maxsim.bench.shapes import TRAIN_GPU_SHAPES
+
+    for shape in TRAIN_GPU_SHAPES[:3]:
+        Q, D4, arg, g = inputs(shape.nq, shape.nd, shape.lq, shape.ld, shape.d, shape.candidates, "cuda", torch.bfloat16)
+        ref_q, ref_d = B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="unified")
+        ship = triton.testing.do_bench(
+            lambda: B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="unified"), return_mode="median")
+        rows = []
+        for BJ in (2, 4, 8):
+            for BS in (4, 8, 16, 32):
+                for warps in (4, 8):
+                    try:
+                        fn = lambda: backward_blocked(g, Q, D4, arg, BJ, BS, warps)  # noqa: E731
+                        gq, gd = fn()
+                        ok = torch.allclose(gq.float(), ref_q.float(), rtol=2e-2, atol=2e-2) and \
+                            torch.allclose(gd.float(), ref_d.float(), rtol=2e-2, atol=2e-2)
+                        rows.append((triton.testing.do_bench(fn, return_mode="median"), BJ, BS, warps, ok))
+                    except Exception as e:  # noqa: BLE001
+                        rows.append((float("inf"), BJ, BS, warps, repr(e)[:60]))
+        rows.sort(key=lambda r: r[0])
+        print(f"{shape.name}: shipped unified backward {ship * 1e3:.0f} us; blocked best: "
+              + "; ".join(f"BJ{bj} BS{bs} w{w} {ms * 1e3:.0f}us ok={ok}" for ms, bj, bs, w, ok in rows[:5]), flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true", help="exactness on the CPU (set TRITON_INTERPRET=1)")
+    (check if ap.parse_args().check else time_gpu)()
