@@ -112,3 +112,22 @@ def test_warp_specialized_launch_plan_is_plain_integers():
     for nq, nd, lq, split in [(8, 1100, 32, None), (1, 1000, 128, None), (3, 99, 1024, False), (128, 128, 128, True)]:
         plan = ws_plan(nq, nd, lq, split, 132)
         assert all(type(x) in (int, bool) for x in plan), plan
+
+
+def test_gluon_kernel_only_under_the_triton_release_it_was_written_for(monkeypatch):
+    # Gluon's API moves between releases: another Triton runs the Triton kernel instead.
+    import triton
+
+    from maxsim.dense import forward
+
+    Q = torch.zeros(4, 32, 128, dtype=torch.float16)
+    D = torch.zeros(1, 10, 50, 128, dtype=torch.float16)
+    monkeypatch.setattr(forward, "_is_hopper", lambda device_index: True)  # (no GPU here)
+    try:
+        for version, expected in [("3.6.0", True), ("3.6.1", True), ("3.7.0", False), ("3.4.0", False)]:
+            monkeypatch.setattr(triton, "__version__", version)
+            forward._gluon_forward.cache_clear()
+            assert forward.warp_specialize_ok(Q, D, False, False, 0) is expected, version
+    finally:
+        monkeypatch.undo()
+        forward._gluon_forward.cache_clear()

@@ -29,7 +29,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from maxsim._dispatch import interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
-from maxsim.dense.forward_ws import maxsim_forward_ws, tma_ready
 from maxsim._tuning import (
     ForwardConfig,
     autotune_enabled,
@@ -345,7 +344,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     candidates = D.shape[0] != 1
     if cfg.warp_specialized:
         # Compute-bound calls (hundreds of microseconds): no launch plan needed.
-        return maxsim_forward_ws(Q, D[0], qm, None if dm is None else dm[0], multiply=multiply,
+        return _gluon_forward().maxsim_forward_ws(Q, D[0], qm, None if dm is None else dm[0], multiply=multiply,
                                  save_argmax=argmax is not None, BN=cfg.BN, STAGES=cfg.num_stages,
                                  argmax_out=argmax, poison=POISON_OUTPUTS)[0]
     seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
@@ -382,11 +381,26 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
 def warp_specialize_ok(Q: torch.Tensor, D: torch.Tensor, normalize: bool, interpret: bool, device_index: int) -> bool:
     """Whether the warp-specialized Gluon kernel (forward_ws.py) can run this call as it is: a
     Hopper GPU (its wgmma and warp specialization are sm_90's), documents shared by all queries (D
-    ``[1, Nd, Ld, d]``, or one query), fp16/bf16, d in {64, 128}, no normalize, and D's tokens
-    readable by TMA in place (``forward_ws.tma_ready``: the kernel would copy D otherwise)."""
-    return (not interpret and not normalize and Q.dtype in (torch.float16, torch.bfloat16)
-            and Q.shape[2] in (64, 128) and (D.shape[0] == 1 or Q.shape[0] == 1) and tma_ready(D[0])
-            and _is_hopper(device_index))
+    ``[1, Nd, Ld, d]``, or one query), fp16/bf16, d in {64, 128}, no normalize, D's tokens
+    readable by TMA in place (``forward_ws.tma_ready``: the kernel would copy D otherwise), and
+    the Triton release it was written against (:func:`_gluon_forward`)."""
+    if interpret or normalize or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128) \
+            or (D.shape[0] != 1 and Q.shape[0] != 1):
+        return False
+    gluon_forward = _gluon_forward()
+    return gluon_forward is not None and gluon_forward.tma_ready(D[0]) and _is_hopper(device_index)
+
+
+@functools.lru_cache(maxsize=1)
+def _gluon_forward():
+    """The forward_ws module, or None under a Triton other than 3.6: Gluon is experimental and its
+    API moves between releases, so other versions run this file's kernel (same results, slower on
+    compute-bound calls) rather than risk a compile error in a user's call."""
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) != (3, 6):
+        return None
+    from maxsim.dense import forward_ws
+
+    return forward_ws
 
 
 @functools.lru_cache(maxsize=16)
