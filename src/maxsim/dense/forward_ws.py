@@ -16,8 +16,12 @@ Two ways to give the consumers work (``SPLIT_DOCS``, a constexpr):
   document run, and the producer alternates tiles between them (one 128-row query block, e.g.
   one ColBERT query of 128 tokens against a corpus).
 
+The query block is the wgmma's register operand by default (``Q_IN_REGS``): each MMA then reads
+only the document tile from shared memory.
+
 Scope: documents shared by all queries (``D [Nd, Ld, d]``), fp16/bf16, d in {64, 128} (one MMA
-K-step), both mask rules, NaN propagation, the argmax (winning-tile method, as forward.py). Queries
+K-step), both mask rules, NaN propagation, the argmax (the winning-tile method of forward.py, or
+the column found in every tile: ``ARGMAX_PER_TILE``, not yet run on a GPU). Queries
 of up to 128 tokens stack 128 // SEG to a row block; longer ones are cut into 128-row chunks whose
 partial scores are summed by the launcher. Not here (forward.py serves them): normalize, candidate
 lists, fp32, d > 128.
