@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 
 import torch
 
@@ -36,6 +35,12 @@ def parse(spec: str, d: int) -> ForwardConfig:
     bk = int(f.get("BK", min(128, max(16, next_pow2(d)))))
     return ForwardConfig(BM=int(f["BM"]), BN=int(f["BN"]), BK=bk, num_warps=int(f["w"]), num_stages=int(f["s"]),
                          waves=int(f.get("v", 2)), row_max=" rm" in f" {spec}", tma=" tma" in f" {spec}")
+
+
+def spec(cfg: ForwardConfig) -> str:
+    """The inverse of :func:`parse`."""
+    return (f"BM{cfg.BM} BN{cfg.BN} BK{cfg.BK} w{cfg.num_warps} s{cfg.num_stages} v{cfg.waves}"
+            f"{' rm' if cfg.row_max else ''}{' tma' if cfg.tma else ''}")
 
 
 BW = ["BM32 BN64 w4 s3 v2", "BM32 BN128 w4 s3 v2", "BM32 BN128 w4 s4 v4", "BM32 BN64 w4 s5 v4",
@@ -182,8 +187,7 @@ def main(argv=None):
     print(f"\n{'probe':16s} {'floor':>7s} {'rule ms':>8s} {'%':>5s} {'best ms':>8s} {'%':>5s}  best  (rule)")
     for probe, name, floor_ms, rule_ms, best_ms, best_label, rule in summary:
         print(f"{probe:16s} {floor_ms:7.3f} {rule_ms:8.4f} {100 * floor_ms / rule_ms:5.1f} {best_ms:8.4f} "
-              f"{100 * floor_ms / best_ms:5.1f}  {best_label}  (BM{rule.BM} BN{rule.BN} w{rule.num_warps} "
-              f"s{rule.num_stages} v{rule.waves}{' rm' if rule.row_max else ''}{' tma' if rule.tma else ''})")
+              f"{100 * floor_ms / best_ms:5.1f}  {best_label}  ({spec(rule)})")
     return 0
 
 

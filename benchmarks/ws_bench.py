@@ -7,7 +7,6 @@ forward on the compute-bound shapes, over a few configurations (GPU).
 import argparse
 import itertools
 
-import torch
 import triton
 
 import maxsim

@@ -26,6 +26,11 @@ def interpreting() -> bool:
     return _INTERPRETING
 
 
+def cuda_index(t: torch.Tensor) -> int:
+    """The index of the CUDA device holding ``t`` (the current device for a bare ``cuda``)."""
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 def backend_for(device: torch.device) -> str:
     """``"triton"`` or ``"reference"`` for tensors on ``device``, honouring MAXSIM_BACKEND."""
     requested = os.environ.get("MAXSIM_BACKEND", "auto").strip().lower() or "auto"

@@ -57,14 +57,14 @@ def warmup(
 def _compile_big_corpus_variant(Q, D, qm, dm, normalize, candidates):
     """Launch the big-corpus configuration on the same tiny inputs (it compiles the kernel variant
     that a call with a big corpus will use), when it differs from the small-corpus one."""
+    from maxsim._dispatch import cuda_index
     from maxsim._tuning import forward_config
     from maxsim.dense.forward import maxsim_forward, warp_specialize_ok
 
     Nq, Lq, d = Q.shape
     D4 = D if candidates else D.unsqueeze(0)
     dm4 = None if dm is None else (dm if candidates else dm.unsqueeze(0))
-    ws = warp_specialize_ok(Q, D4, normalize, False, Q.device.index if Q.device.index is not None
-                            else torch.cuda.current_device())
+    ws = warp_specialize_ok(Q, D4, normalize, False, cuda_index(Q))
     small = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=False, warp_specialize=ws)
     big = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=True, warp_specialize=ws)
     if big != small:

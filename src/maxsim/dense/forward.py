@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from maxsim._dispatch import interpreting
+from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim._tuning import (
@@ -310,7 +310,7 @@ def maxsim_forward(
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if D.stride(-1) == 1 else D.contiguous()
     interpret = interpreting()
-    device_index = -1 if interpret else (Q.device.index if Q.device.index is not None else torch.cuda.current_device())
+    device_index = -1 if interpret else cuda_index(Q)
     qm = q_mask.contiguous() if q_mask is not None else None
     dm = None
     if d_mask is not None:

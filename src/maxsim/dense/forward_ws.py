@@ -30,7 +30,6 @@ lists, fp32, d > 128.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -43,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from maxsim._dispatch import cuda_index
 from maxsim._tuning import multiprocessors, next_pow2
 
 HALF_ROWS = 128  # query rows per consumer warpgroup (a plain int on the host: a constexpr in the
@@ -369,9 +369,8 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[0], D.shape[1]
-    device_index = Q.device.index if Q.device.index is not None else torch.cuda.current_device()
     seg, n_chunks, n_mblocks, split_docs, docs_per_program, n_programs = ws_plan(
-        Nq, Nd, Lq, split_docs, multiprocessors(device_index))
+        Nq, Nd, Lq, split_docs, multiprocessors(cuda_index(Q)))
     if split_docs and STAGES % 2:
         raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from maxsim._dispatch import interpreting
+from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim._tuning import multiprocessors, next_pow2
@@ -216,8 +216,7 @@ def varlen_forward(
         shape = (Nq, Nd) if cross else (P,)
         return torch.zeros(shape, dtype=torch.float32, device=q.device), argmax
     interpret = interpreting()
-    slots = 1 if interpret else 2 * multiprocessors(
-        q.device.index if q.device.index is not None else torch.cuda.current_device())
+    slots = 1 if interpret else 2 * multiprocessors(cuda_index(q))
     seg_q = next_pow2(max_q)
     rows = seg_q * next_pow2(Nq) if cross else seg_q
     BM, BN, BK, num_warps, num_stages = _varlen_config(rows, dim, q.dtype, interpret)
