@@ -21,6 +21,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=DEFAULT)
     ap.add_argument("--all", action="store_true", help="also split_docs=False (the default rule picks it)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each configuration replayed from a CUDA graph (GPU time without the host path)")
+    ap.add_argument("--stages", default="2,4,6", help="ring depths to try (those that fit in shared memory)")
+    ap.add_argument("--qregs-only", type=int, default=0, help="1: only the query block in registers")
     args = ap.parse_args()
     for item in args.shapes.split(","):
         name, _, flag = item.partition("+")
@@ -35,22 +39,27 @@ def main():
         else:
             base_fn = lambda: maxsim.maxsim(Q, D, qm, dm)  # noqa: E731
         base = triton.testing.do_bench(base_fn, warmup=25, rep=100, return_mode="median")
-        print(f"{item}: floor {floor_ms:.3f} ms; Triton forward {base:.3f} ms ({100 * floor_ms / base:.1f} %)", flush=True)
+        graph = (lambda f: triton.testing.do_bench_cudagraph(f, rep=60, return_mode="median")) if args.graph else None
+        base_graph = f", in a CUDA graph {graph(base_fn):.3f} ms" if graph else ""
+        print(f"{item}: floor {floor_ms:.3f} ms; Triton forward {base:.3f} ms ({100 * floor_ms / base:.1f} %){base_graph}",
+              flush=True)
         rows = []
-        for BN, stages, split, regs in itertools.product((64, 128), (2, 4, 6), (None, True, False), (False, True)):
-            if BN == 128 and stages > 4 or split is False and not args.all:
+        stages_list = [int(x) for x in args.stages.split(",")]
+        for BN, stages, split, regs in itertools.product((64, 128), stages_list, (None, True, False), (False, True)):
+            # Shared memory: the ring (BN * d * 2 bytes a slot) beside one query block (split) or two.
+            ring_kb = (224 - (32 if split or split is None and shape.nq * shape.lq <= 128 else 64))
+            if stages * BN * 128 * 2 // 1024 > ring_kb or split is False and not args.all or regs < args.qregs_only:
                 continue
-            # With the argmax, BN = 128 finds the column in every tile (the winning tile [128, 128]
-            # would not fit in registers beside the accumulator).
-            per_tile = argmax and BN == 128
             try:
                 fn = lambda: maxsim_forward_ws(Q, D, qm, dm, save_argmax=argmax, BN=BN, STAGES=stages,  # noqa: E731
-                                               split_docs=split, q_in_regs=regs, argmax_per_tile=per_tile)
+                                               split_docs=split, q_in_regs=regs)
                 out, arg = fn()
                 err = float((out - ref).abs().max() / ref.abs().max())
                 if argmax:
                     err = (err, int((arg != ref_arg).sum()))
                 ms = triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+                if graph:
+                    err = (err, f"graph {graph(fn):.3f} ms")
                 rows.append((ms, BN, stages, split, regs, err))
             except Exception as e:  # noqa: BLE001
                 rows.append((float("inf"), BN, stages, split, regs, repr(e)[:100]))

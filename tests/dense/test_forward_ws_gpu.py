@@ -43,9 +43,8 @@ def test_ws_forward_matches_reference(case):
 
 @pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("BN,q_in_regs,per_tile", [(64, False, False), (128, False, False), (64, True, False),
-                                                   (128, False, True), (128, True, True)])
-def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs, per_tile):
+@pytest.mark.parametrize("BN,q_in_regs", [(64, False), (128, False), (64, True)])
+def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs):
     # Integer-valued inputs: exact dots and frequent ties, so scores and argmax (lowest index)
     # must equal the reference's; one document fully masked scores 0 with argmax -1 (exclude).
     from maxsim.dense.forward_ws import maxsim_forward_ws
@@ -56,14 +55,14 @@ def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs, per_
     dm = torch.rand(150, 180, device="cuda") > 0.3
     dm[7] = False
     out, arg = maxsim_forward_ws(Q, D, qm, dm, multiply=mask_mode == "multiply", save_argmax=True, BN=BN,
-                                 split_docs=split, q_in_regs=q_in_regs, argmax_per_tile=per_tile, poison=True)
+                                 split_docs=split, q_in_regs=q_in_regs, poison=True)
     ref, ref_arg = maxsim_reference(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
     assert torch.equal(out, ref)
     assert torch.equal(arg, ref_arg)
 
 
-@pytest.mark.parametrize("BN,per_tile", [(64, False), (128, True)])
-def test_ws_forward_propagates_nan(BN, per_tile):
+@pytest.mark.parametrize("BN", [64, 128])
+def test_ws_forward_propagates_nan(BN):
     # A NaN wins the max (scores NaN) and the argmax (its token, the first NaN among several).
     from maxsim.dense.forward_ws import maxsim_forward_ws
 
@@ -71,7 +70,7 @@ def test_ws_forward_propagates_nan(BN, per_tile):
     D = torch.randint(-2, 3, (40, 300, 128), device="cuda").to(torch.float16)
     D[3, 200, 0] = float("nan")
     D[3, 250, 0] = float("nan")
-    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, argmax_per_tile=per_tile, poison=True)
+    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, poison=True)
     ref, ref_arg = maxsim_reference(Q, D, return_argmax=True)
     assert torch.equal(out.isnan(), ref.isnan()) and out[:, 3].isnan().all()
     keep = ~ref.isnan()

@@ -20,8 +20,7 @@ The query block is the wgmma's register operand by default (``Q_IN_REGS``): each
 only the document tile from shared memory.
 
 Scope: documents shared by all queries (``D [Nd, Ld, d]``), fp16/bf16, d in {64, 128} (one MMA
-K-step), both mask rules, NaN propagation, the argmax (the winning-tile method of forward.py, or
-the column found in every tile: ``ARGMAX_PER_TILE``, not yet run on a GPU). Queries
+K-step), both mask rules, NaN propagation, the argmax (the winning-tile method of forward.py). Queries
 of up to 128 tokens stack 128 // SEG to a row block; longer ones are cut into 128-row chunks whose
 partial scores are summed by the launcher. Not here (forward.py serves them): normalize, candidate
 lists, fp32, d > 128.
@@ -128,7 +127,7 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
               pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
               BN: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
               HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr,
-              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, ARGMAX_PER_TILE: gl.constexpr):
+              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
     """One warpgroup: MMAs of its query block ``q_smem [HALF, d]`` against the ring's tiles, in turn
     with the other consumer, and the max epilogue: scores [n_chunks?, Nq, Nd], argmax [Nq, Nd, Lq].
     The mask rules, NaN propagation and the argmax (lowest index among ties, -1 where nothing wins)
@@ -171,16 +170,14 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
     else:
         q_op = q_smem
     b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
-    # The argmax, two ways. Winning tile (default): keep the tile where b_max was reached and its
-    # similarities, find the column once per document (one select per element per tile, but the
-    # tile [HALF, BN] lives in registers beside the accumulator, so BN = 64). ARGMAX_PER_TILE: find
-    # the column in every tile (a compare, a select and a min per element) and keep only the token
-    # index, so BN = 128 fits. (PER_TILE compiles and is exact by construction, but has not run on a
-    # GPU yet: benchmarks/ws_bench.py times both.)
+    # The argmax: keep the tile where b_max was reached and its similarities, find the column once
+    # per document (one select per element per tile; the tile [HALF, BN] lives in registers beside
+    # the accumulator, so BN = 64). Finding the column in every tile instead (a compare, a select
+    # and a min per element) let BN = 128 fit, but ran 35 % slower on the H200
+    # (benchmarks/results/ws-20261129-1826.log).
     if SAVE_ARGMAX:
-        b_arg = gl.zeros([HALF], gl.int32, rows)  # tile (per-tile: token) where b_max was reached
-        if not ARGMAX_PER_TILE:
-            b_wintile = gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout)  # that tile's similarities
+        b_arg = gl.zeros([HALF], gl.int32, rows)  # tile where b_max was reached
+        b_wintile = gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout)  # that tile's similarities
     if HAS_DMASK:
         b_seen = gl.zeros([BN], gl.int32, cols)  # any real token in this document so far
 
@@ -225,15 +222,8 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
             if SAVE_ARGMAX:
                 # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
                 upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
-                if ARGMAX_PER_TILE:
-                    # The first column holding the tile's max (NaN wins; a row with no finite
-                    # value finds none and is masked to -1 at the document's end).
-                    is_max = (b_s == b_tmax[:, None]) | (b_s != b_s)
-                    b_tcol = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
-                    b_arg = gl.where(upd, i_t * BN + gl.minimum(b_tcol, BN - 1), b_arg)
-                else:
-                    b_wintile = gl.where(upd[:, None], b_s, b_wintile)
-                    b_arg = gl.where(upd, i_t, b_arg)
+                b_wintile = gl.where(upd[:, None], b_s, b_wintile)
+                b_arg = gl.where(upd, i_t, b_arg)
                 b_max = gl.where(upd, b_tmax, b_max)
             else:
                 b_max = _max_nan(b_max, b_tmax)
@@ -249,14 +239,11 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                 b_score = gl.sum(gl.convert_layout(gl.reshape(b_best, [QPB, SEG]), per_query), axis=1)  # [QPB]
                 gl.store(out_ptr + (i_chunk.to(gl.int64) * Nq + o_qb) * Nd + j, b_score, mask=m_qb)
                 if SAVE_ARGMAX:
-                    if ARGMAX_PER_TILE:
-                        b_idx = b_arg
-                    else:
-                        # The first column of the winning tile that holds the max (NaN wins). A
-                        # row with no finite winner finds none (BN): it is masked to -1 below.
-                        is_max = (b_wintile == b_max[:, None]) | (b_wintile != b_wintile)
-                        b_col = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
-                        b_idx = b_arg * BN + gl.minimum(b_col, BN - 1)
+                    # The first column of the winning tile that holds the max (NaN wins). A row
+                    # with no finite winner finds none (BN): it is masked to -1 below.
+                    is_max = (b_wintile == b_max[:, None]) | (b_wintile != b_wintile)
+                    b_col = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
+                    b_idx = b_arg * BN + gl.minimum(b_col, BN - 1)
                     m_arg = m_row
                     if HAS_QMASK:
                         m_arg = m_arg & b_qm
@@ -280,7 +267,7 @@ def _maxsim_fwd_ws_kernel(
     stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
     BN: gl.constexpr, BK: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
     HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr,
-    Q_IN_REGS: gl.constexpr, ARGMAX_PER_TILE: gl.constexpr,
+    Q_IN_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """d_desc: TMA descriptor of D as [Nd * Ld, BK], block [BN, BK]; masks bool [Nq, Lq] and
@@ -289,13 +276,16 @@ def _maxsim_fwd_ws_kernel(
     pid = gl.program_id(0)
     n_tiles = gl.cdiv(Ld, BN)
 
-    # The two query blocks, loaded once into shared memory (written by threads, read by wgmma:
-    # fence, then barrier). With split documents both consumers read block 0.
+    # The query blocks, loaded once into shared memory (written by threads, read by wgmma: fence,
+    # then barrier). With split documents both consumers read the one block (the freed 32 KB
+    # deepen the ring).
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     q_dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(q_dtype, [2, HALF, BK], gl.NVMMASharedLayout.get_default_for([HALF, BK], q_dtype))
+    N_QBLOCKS: gl.constexpr = 1 if SPLIT_DOCS else 2
+    q_smem = gl.allocate_shared_memory(q_dtype, [N_QBLOCKS, HALF, BK],
+                                       gl.NVMMASharedLayout.get_default_for([HALF, BK], q_dtype))
     o_k = gl.arange(0, BK, gl.SliceLayout(0, load_layout))
-    for h in gl.static_range(2):
+    for h in gl.static_range(N_QBLOCKS):
         i_m, _, _ = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
         o_q, o_s, m_row, _, _ = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, gl.SliceLayout(1, load_layout))
         p_q = q_ptr + o_q.to(gl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql + o_k[None, :]
@@ -318,10 +308,10 @@ def _maxsim_fwd_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, q_smem.index(0), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
                      pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
-                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, ARGMAX_PER_TILE)),
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
         (_consumer, (1, q_smem.index(0 if SPLIT_DOCS else 1), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr,
                      out_ptr, argmax_ptr, pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
-                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, ARGMAX_PER_TILE)),
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
         (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
                      BN, STAGES, SPLIT_DOCS)),
     ], [4, 1], [232, 24])  # registers: consumer 1 and the producer (the kernel runs at maxnreg=168)
@@ -352,7 +342,7 @@ def tma_ready(D: torch.Tensor) -> bool:
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
-                      argmax_per_tile: bool = False, argmax_out: torch.Tensor | None = None,
+                      argmax_out: torch.Tensor | None = None,
                       poison: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
@@ -360,9 +350,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     the contract of ``maxsim.maxsim`` within this kernel's scope (module docstring). BN: document
     tokens per tile (128; 64 with the argmax, which holds the winning tile in registers too).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
-    query block as the MMA's register operand. argmax_per_tile: find the argmax column in every
-    tile instead of holding the winning tile (not yet run on a GPU). Raises ValueError outside the
-    scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
+    query block as the MMA's register operand. Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
     fails to write cannot pass for a result."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
             or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
@@ -395,6 +383,6 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1),
         BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
         HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
-        Q_IN_REGS=q_in_regs, ARGMAX_PER_TILE=argmax_per_tile and save_argmax, num_warps=4, maxnreg=WS_MAXNREG,
+        Q_IN_REGS=q_in_regs, num_warps=4, maxnreg=WS_MAXNREG,
     )
     return (out if n_chunks == 1 else out.sum(0)), argmax
