@@ -10,9 +10,11 @@ import itertools
 import triton
 
 import maxsim
+from maxsim._dispatch import cuda_index
+from maxsim._tuning import multiprocessors
 from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs
 from maxsim.dense.forward import maxsim_forward
-from maxsim.dense.forward_ws import maxsim_forward_ws
+from maxsim.dense.forward_ws import HALF_ROWS, maxsim_forward_ws, ws_plan
 
 DEFAULT = "inbatch_128x128,inbatch_128x128+argmax,colpali_1x1k,1x1k_128x1024,32q_x_100k"
 
@@ -26,6 +28,7 @@ def main():
     ap.add_argument("--stages", default="2,4,6", help="ring depths to try (those that fit in shared memory)")
     ap.add_argument("--qregs-only", type=int, default=0, help="1: only the query block in registers")
     args = ap.parse_args()
+    stages_list = [int(x) for x in args.stages.split(",")]
     for item in args.shapes.split(","):
         name, _, flag = item.partition("+")
         argmax = flag == "argmax"
@@ -41,14 +44,15 @@ def main():
         base = triton.testing.do_bench(base_fn, warmup=25, rep=100, return_mode="median")
         graph = (lambda f: triton.testing.do_bench_cudagraph(f, rep=60, return_mode="median")) if args.graph else None
         base_graph = f", in a CUDA graph {graph(base_fn):.3f} ms" if graph else ""
-        print(f"{item}: floor {floor_ms:.3f} ms; Triton forward {base:.3f} ms ({100 * floor_ms / base:.1f} %){base_graph}",
+        print(f"{item}: floor {floor_ms:.3f} ms; shipped forward {base:.3f} ms ({100 * floor_ms / base:.1f} %){base_graph}",
               flush=True)
         rows = []
-        stages_list = [int(x) for x in args.stages.split(",")]
         for BN, stages, split, regs in itertools.product((64, 128), stages_list, (None, True, False), (False, True)):
-            # Shared memory: the ring (BN * d * 2 bytes a slot) beside one query block (split) or two.
-            ring_kb = (224 - (32 if split or split is None and shape.nq * shape.lq <= 128 else 64))
-            if stages * BN * 128 * 2 // 1024 > ring_kb or split is False and not args.all or regs < args.qregs_only:
+            # Shared memory (about 224 KB to use): the ring of [BN, d] 16-bit slots beside one
+            # query block [128, d] (split documents) or two.
+            splits = ws_plan(shape.nq, shape.nd, shape.lq, split, multiprocessors(cuda_index(Q)))[3]
+            if (stages * BN + (1 if splits else 2) * HALF_ROWS) * shape.d * 2 > 224 * 1024 \
+                    or split is False and not args.all or regs < args.qregs_only:
                 continue
             try:
                 fn = lambda: maxsim_forward_ws(Q, D, qm, dm, save_argmax=argmax, BN=BN, STAGES=stages,  # noqa: E731
