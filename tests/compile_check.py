@@ -172,10 +172,13 @@ def ws_variants():
         (128, 128, "fp16", True, True, {}),                                    # one row block: split documents
         (128, 128, "fp16", False, False, {}),                                  # query block from shared memory
         (128, 64, "fp16", False, True, {}),
-        (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True)),                # training
+        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True)),               # training
+        (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True)),
         (64, 128, "bf16", True, True, dict(HAS_QMASK=True, HAS_DMASK=True)),
         (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
-        (64, 128, "fp16", True, True, dict(SAVE_ARGMAX=True)),                 # one row block, training
+        (128, 128, "fp16", True, True, dict(SAVE_ARGMAX=True)),                # one row block, training
+        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
+        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_DMASK=True)),
     ]:
         layout = gl.NVMMASharedLayout.get_default_for([BN, d], gl.float16 if dt == "fp16" else gl.bfloat16)
         ptrs = dict(q_ptr=dt, qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32",

@@ -75,7 +75,7 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
 
     From sweeps on an H200 (BENCHMARKS.md; benchmarks/tune_forward.py, probe_configs.py, ws_bench.py):
     - many query rows (>= 256) on a big corpus at d = 128, where the Gluon kernel can run: the warp-specialized
-      kernel, BN=128 (64 with the argmax, whose winning tile also lives in registers), a ring of 4
+      kernel, BN=128 (also with the argmax: its state is 16 registers a thread), a ring of 4
       tiles, one program per multiprocessor: in-batch 128 x 128 0.660 against 0.904 ms, ColPali
       1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.973 against 1.13;
     - long queries stacked (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, document
@@ -108,7 +108,7 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     compute_bound = rows >= 256  # many query rows share each document tile
     if warp_specialize and compute_bound and big_corpus and d == 128 and not interpret:
         # (d = 64 runs correctly in the kernel (GPU-tested) but was not timed: Triton's tile there.)
-        return ForwardConfig(BM=256, BN=64 if argmax else 128, BK=bk, num_warps=4, num_stages=4, waves=1,
+        return ForwardConfig(BM=256, BN=128, BK=bk, num_warps=4, num_stages=4, waves=1,
                              row_max=True, tma=True, warp_specialized=True)
     big_corpus = big_corpus and not argmax
     if dtype == torch.float32:

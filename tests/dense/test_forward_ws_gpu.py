@@ -43,7 +43,7 @@ def test_ws_forward_matches_reference(case):
 
 @pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("BN,q_in_regs", [(64, False), (128, False), (64, True)])
+@pytest.mark.parametrize("BN,q_in_regs", [(64, False), (128, False), (64, True), (128, True)])
 def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs):
     # Integer-valued inputs: exact dots and frequent ties, so scores and argmax (lowest index)
     # must equal the reference's; one document fully masked scores 0 with argmax -1 (exclude).

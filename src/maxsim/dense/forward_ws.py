@@ -58,6 +58,28 @@ def _max_nan(a, b):
 
 
 @gluon.jit
+def _argmax_combine(v1, i1, v2, i2):
+    """(value, index) of the larger similarity: a NaN wins over a number, the lower index wins ties
+    (whatever order the reduction visits them in)."""
+    v1_nan = v1 != v1
+    v2_nan = v2 != v2
+    take2 = (v2 > v1) | (v2_nan & ~v1_nan) | (((v2 == v1) | (v2_nan & v1_nan)) & (i2 < i1))
+    return gl.where(take2, v2, v1), gl.where(take2, i2, i1)
+
+
+@gluon.jit
+def _argmax_step(v1, i1, v2, i2):
+    """_argmax_combine for a running (v1, i1) met by later elements (i2 > i1), as the reduction
+    within a thread visits them (ascending k): 4 instructions an element instead of 5. The value is
+    the NaN-propagating max (canonical NaN); v2 is taken when that max moved off v1 (its bits changed,
+    which sees a NaN arrive but not leave, and it is not +0 against -0)."""
+    m = _max_nan(v1, v2)
+    moved = (m.to(gl.int32, bitcast=True) != v1.to(gl.int32, bitcast=True)) & (m != v1)
+    tie = ((v2 == v1) | ((v2 != v2) & (v1 != v1))) & (i2 < i1)  # never, in ascending order
+    return m, gl.where(moved | tie, i2, i1)
+
+
+@gluon.jit
 def _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS: gl.constexpr):
     """(m-block, first document, document count) that consumer ``h`` of program ``pid`` walks."""
     if SPLIT_DOCS:
@@ -170,16 +192,25 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
     else:
         q_op = q_smem
     b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
-    # The argmax: keep the tile where b_max was reached and its similarities, find the column once
-    # per document (one select per element per tile; the tile [HALF, BN] lives in registers beside
-    # the accumulator, so BN = 64). Finding the column in every tile instead (a compare, a select
-    # and a min per element) let BN = 128 fit, but ran 35 % slower on the H200
-    # (benchmarks/results/ws-20261129-1826.log).
     if SAVE_ARGMAX:
-        b_arg = gl.zeros([HALF], gl.int32, rows)  # tile where b_max was reached
-        b_wintile = gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout)  # that tile's similarities
+        # The argmax without cross-thread work per tile: seen as [HALF, BN // 8, 8] (column
+        # 8 k + j), a thread of the wgmma layout holds every k of its (row, j) pairs, so the
+        # reduction over k is a chain of compares in registers (no shuffles); across tiles a thread
+        # keeps the best (value, column) of each of its (row, j) pairs, and the 8 j of a row are
+        # reduced once per document. State: 2 x 8 registers, which lets BN = 128 fit beside the
+        # accumulator (the former winning-tile method held a second [HALF, BN] tile: BN = 64, and
+        # 0.99 ms at in-batch 128 x 128, benchmarks/results/ws-20261129-1826.log).
+        by_k: gl.constexpr = gl.reshape(zero, [HALF, BN // 8, 8]).type.layout  # [HALF, BN // 8, 8]
+        per_j: gl.constexpr = gl.SliceLayout(1, by_k)  # [HALF, 8]
+        o_k3 = gl.arange(0, BN // 8, gl.SliceLayout(0, gl.SliceLayout(2, by_k)))[None, :, None]
+        o_k3 = o_k3 + gl.zeros([HALF, BN // 8, 8], gl.int32, by_k)  # [HALF, BN // 8, 8] the k of each column
+        o_j = gl.arange(0, 8, gl.SliceLayout(0, per_j))[None, :]  # [1, 8]
+        r_val = gl.full([HALF, 8], NEG_INF, gl.float32, per_j)  # best similarity of each (row, j)
+        r_col = gl.zeros([HALF, 8], gl.int32, per_j)  # its document token
     if HAS_DMASK:
-        b_seen = gl.zeros([BN], gl.int32, cols)  # any real token in this document so far
+        # any real token in this document so far (reduced every tile: a [BN] vector would take BN / 4
+        # registers, which the argmax at BN = 128 does not have)
+        b_seen = gl.max(gl.zeros([BN], gl.int32, cols), axis=0)
 
     for t in range(n):
         k = t * STEP + OFF
@@ -213,47 +244,46 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
             elif HAS_DMASK:
                 b_dm = (gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0) & m_t
                 b_s = gl.where(b_dm[None, :], b_s, NEG_INF)
-                b_seen = b_seen | b_dm.to(gl.int32)
+                b_seen = gl.maximum(b_seen, gl.max(b_dm.to(gl.int32), axis=0))
             elif (i_t + 1) * BN > Ld:
                 # Only the ragged last tile pays for the bounds mask.
                 b_s = gl.where(m_t[None, :], b_s, NEG_INF)
 
-            b_tmax = gl.reduce(b_s, 1, _max_nan)  # [HALF]
             if SAVE_ARGMAX:
-                # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
-                upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
-                b_wintile = gl.where(upd[:, None], b_s, b_wintile)
-                b_arg = gl.where(upd, i_t, b_arg)
-                b_max = gl.where(upd, b_tmax, b_max)
+                t_val, t_k = gl.reduce((gl.reshape(b_s, [HALF, BN // 8, 8]), o_k3), 1, _argmax_step)  # [HALF, 8]
+                # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
+                upd = (t_val > r_val) | ((t_val != t_val) & (r_val == r_val))
+                r_val = gl.where(upd, t_val, r_val)
+                r_col = gl.where(upd, i_t * BN + t_k * 8 + o_j, r_col)
             else:
-                b_max = _max_nan(b_max, b_tmax)
+                b_max = _max_nan(b_max, gl.reduce(b_s, 1, _max_nan))  # [HALF]
 
             if i_t == n_tiles - 1:
                 # Document j is complete: one max per query token, one sum per query.
+                if SAVE_ARGMAX:
+                    b_max, b_idx = gl.reduce((r_val, r_col), 1, _argmax_combine)  # [HALF]
+                    b_max = gl.convert_layout(b_max, rows)
+                    b_idx = gl.convert_layout(b_idx, rows)
                 m_keep = m_row
                 if HAS_QMASK and not MULTIPLY:
                     m_keep = m_keep & b_qm
                 if HAS_DMASK and not MULTIPLY:
-                    m_keep = m_keep & (gl.max(b_seen, axis=0) > 0)  # an empty document scores 0
+                    m_keep = m_keep & (b_seen > 0)  # an empty document scores 0
                 b_best = gl.where(m_keep, b_max, 0.0)
                 b_score = gl.sum(gl.convert_layout(gl.reshape(b_best, [QPB, SEG]), per_query), axis=1)  # [QPB]
                 gl.store(out_ptr + (i_chunk.to(gl.int64) * Nq + o_qb) * Nd + j, b_score, mask=m_qb)
                 if SAVE_ARGMAX:
-                    # The first column of the winning tile that holds the max (NaN wins). A row
-                    # with no finite winner finds none (BN): it is masked to -1 below.
-                    is_max = (b_wintile == b_max[:, None]) | (b_wintile != b_wintile)
-                    b_col = gl.min(gl.where(is_max, o_n[None, :], BN), axis=1)  # [HALF]
-                    b_idx = b_arg * BN + gl.minimum(b_col, BN - 1)
                     m_arg = m_row
                     if HAS_QMASK:
                         m_arg = m_arg & b_qm
                     if HAS_DMASK and not MULTIPLY:
-                        m_arg = m_arg & (gl.max(b_seen, axis=0) > 0)
+                        m_arg = m_arg & (b_seen > 0)
                     b_idx = gl.where(m_arg, b_idx, -1)
                     gl.store(argmax_ptr + (o_q.to(gl.int64) * Nd + j) * Lq + o_s, b_idx, mask=m_row)
-                    b_arg = gl.zeros([HALF], gl.int32, rows)
+                    r_val = gl.full([HALF, 8], NEG_INF, gl.float32, per_j)
+                    r_col = gl.zeros([HALF, 8], gl.int32, per_j)
                 if HAS_DMASK:
-                    b_seen = gl.zeros([BN], gl.int32, cols)
+                    b_seen = gl.max(gl.zeros([BN], gl.int32, cols), axis=0)
                 b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
         else:
             mbarrier.arrive(empty.index(slot), count=1)
@@ -348,7 +378,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
     {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
     the contract of ``maxsim.maxsim`` within this kernel's scope (module docstring). BN: document
-    tokens per tile (128; 64 with the argmax, which holds the winning tile in registers too).
+    tokens per tile (128).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
     query block as the MMA's register operand. Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
     fails to write cannot pass for a result."""
