@@ -69,14 +69,31 @@ def _argmax_combine(v1, i1, v2, i2):
 
 @gluon.jit
 def _argmax_step(v1, i1, v2, i2):
-    """_argmax_combine for a running (v1, i1) met by later elements (i2 > i1), as the reduction
-    within a thread visits them (ascending k): 4 instructions an element instead of 5. The value is
-    the NaN-propagating max (canonical NaN); v2 is taken when that max moved off v1 (its bits changed,
-    which sees a NaN arrive but not leave, and it is not +0 against -0)."""
+    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax): 4 instructions an element
+    instead of 5. The value is the NaN-propagating max (canonical NaN); v2 is taken when that max
+    moved off v1: its bits changed (which sees a NaN arrive, not a second one) and it is not +0
+    against -0 (equal values: v1 keeps its lower index)."""
     m = _max_nan(v1, v2)
     moved = (m.to(gl.int32, bitcast=True) != v1.to(gl.int32, bitcast=True)) & (m != v1)
-    tie = ((v2 == v1) | ((v2 != v2) & (v1 != v1))) & (i2 < i1)  # never, in ascending order
-    return m, gl.where(moved | tie, i2, i1)
+    return m, gl.where(moved, i2, i1)
+
+
+@gluon.jit
+def _thread_argmax(s, k, HALF: gl.constexpr, BN: gl.constexpr):
+    """s [HALF, BN] similarities in the wgmma layout, k [HALF, 8, BN // 8] int32 (k, in the view
+    below) -> (max, its k) [HALF, 8] for each column class j: the columns 8 k + j of a row.
+    A thread of the wgmma layout holds every k of its (row, j) pairs, so this is all registers, no
+    shuffles; a pairwise tree (adjacent k, the lower on the left) instead of a chain, so the
+    instructions of one level are independent (a chain of 16 dependent compares per pair ran the
+    training forward at 1.20 ms against 0.99, benchmarks/results/ws-20261129-1909.log)."""
+    v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
+    i = k
+    for lvl in gl.static_range(6):
+        if (BN // 16) >> lvl >= 1:  # W = (BN // 16) >> lvl pairs at this level
+            a, b = gl.split(gl.reshape(v, [HALF, 8, (BN // 16) >> lvl, 2]))  # [HALF, 8, W] even, odd k
+            ia, ib = gl.split(gl.reshape(i, [HALF, 8, (BN // 16) >> lvl, 2]))
+            v, i = _argmax_step(a, ia, b, ib)
+    return gl.reshape(v, [HALF, 8]), gl.reshape(i, [HALF, 8])
 
 
 @gluon.jit
@@ -195,18 +212,18 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
     if SAVE_ARGMAX:
         # The argmax without cross-thread work per tile: seen as [HALF, BN // 8, 8] (column
         # 8 k + j), a thread of the wgmma layout holds every k of its (row, j) pairs, so the
-        # reduction over k is a chain of compares in registers (no shuffles); across tiles a thread
+        # reduction over k is a tree of compares in registers (no shuffles); across tiles a thread
         # keeps the best (value, column) of each of its (row, j) pairs, and the 8 j of a row are
         # reduced once per document. State: 2 x 8 registers, which lets BN = 128 fit beside the
         # accumulator (the former winning-tile method held a second [HALF, BN] tile: BN = 64, and
         # 0.99 ms at in-batch 128 x 128, benchmarks/results/ws-20261129-1826.log).
-        by_k: gl.constexpr = gl.reshape(zero, [HALF, BN // 8, 8]).type.layout  # [HALF, BN // 8, 8]
-        per_j: gl.constexpr = gl.SliceLayout(1, by_k)  # [HALF, 8]
-        o_k3 = gl.arange(0, BN // 8, gl.SliceLayout(0, gl.SliceLayout(2, by_k)))[None, :, None]
-        o_k3 = o_k3 + gl.zeros([HALF, BN // 8, 8], gl.int32, by_k)  # [HALF, BN // 8, 8] the k of each column
+        by_j: gl.constexpr = gl.permute(gl.reshape(zero, [HALF, BN // 8, 8]), (0, 2, 1)).type.layout
+        o_k = gl.arange(0, BN // 8, gl.SliceLayout(0, gl.SliceLayout(1, by_j)))[None, None, :]
+        o_k = o_k + gl.zeros([HALF, 8, BN // 8], gl.int32, by_j)  # [HALF, 8, BN // 8] (constants)
+        # best similarity of each (row, j) in this document, and its document token
+        r_val, r_col = _thread_argmax(gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout), o_k, HALF, BN)
+        per_j: gl.constexpr = r_val.type.layout  # [HALF, 8]
         o_j = gl.arange(0, 8, gl.SliceLayout(0, per_j))[None, :]  # [1, 8]
-        r_val = gl.full([HALF, 8], NEG_INF, gl.float32, per_j)  # best similarity of each (row, j)
-        r_col = gl.zeros([HALF, 8], gl.int32, per_j)  # its document token
     if HAS_DMASK:
         # any real token in this document so far (reduced every tile: a [BN] vector would take BN / 4
         # registers, which the argmax at BN = 128 does not have)
@@ -250,7 +267,7 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                 b_s = gl.where(m_t[None, :], b_s, NEG_INF)
 
             if SAVE_ARGMAX:
-                t_val, t_k = gl.reduce((gl.reshape(b_s, [HALF, BN // 8, 8]), o_k3), 1, _argmax_step)  # [HALF, 8]
+                t_val, t_k = _thread_argmax(b_s, o_k, HALF, BN)  # [HALF, 8]
                 # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
                 upd = (t_val > r_val) | ((t_val != t_val) & (r_val == r_val))
                 r_val = gl.where(upd, t_val, r_val)
