@@ -24,7 +24,7 @@ for step in "$@"; do
     probe) timeout 420 python3 benchmarks/probe_configs.py ${PROBES:+--only $PROBES} 2>&1 > "$OUT/probe.log"; grep -v "^  " "$OUT/probe.log" | tail -40 ;;
     profile) python3 benchmarks/profile_small.py 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
     overhead) python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/overhead.log" ;;
-    bwdgather) timeout 400 python3 benchmarks/probe_backward_gather.py 2>&1 | tee "$OUT/bwdgather.log" ;;
+    bwdgather) timeout 400 python3 benchmarks/probe_backward_gather.py ${BWD_SHAPES:+--shapes $BWD_SHAPES} 2>&1 | tee "$OUT/bwdgather.log" ;;
     bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;
     hostprof) python3 benchmarks/profile_train_host.py 2>&1 | tee "$OUT/hostprof.log" ;;
     ws) { timeout 150 python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_ws_gpu.py -x ${WS_TESTS:+-k "$WS_TESTS"} 2>&1 | tail -15; timeout 270 python3 benchmarks/ws_bench.py ${WS_SHAPES:+--shapes $WS_SHAPES} ${WS_ARGS:-}; } 2>&1 | tee "$OUT/ws.log" ;;

@@ -108,10 +108,12 @@ def check():
         assert err < 1e-4
 
 
-def time_gpu():
+def time_gpu(names=None):
     from maxsim.bench.shapes import TRAIN_GPU_SHAPES
 
     for shape in TRAIN_GPU_SHAPES[:3]:
+        if names and shape.name not in names:
+            continue
         Q, D4, arg, g = inputs(shape.nq, shape.nd, shape.lq, shape.ld, shape.d, shape.candidates, "cuda", torch.bfloat16)
         ref_q, ref_d = B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="unified")
         ship = triton.testing.do_bench(
@@ -120,7 +122,7 @@ def time_gpu():
         # span: how many different documents the queries start at. The shipped kernel spreads them
         # over all Nd (fewer atomics on one row at a time); a small span keeps the grad_D rows being
         # written few enough to stay in L2 (in-batch 128 x 128: a 67 MB fp32 buffer, 50 MB of L2).
-        for BJ, BS, warps, span in itertools.product((1, 2, 4), (4, 16, 32), (4,), (None, 16, 1)):
+        for BJ, BS, warps, span in itertools.product((1, 2, 4), (4, 16, 32), (4,), (None, 16, 4, 1)):
             try:
                 fn = lambda: backward_blocked(g, Q, D4, arg, BJ, BS, warps, span)  # noqa: E731
                 gq, gd = fn()
@@ -141,4 +143,6 @@ def time_gpu():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true", help="exactness on the CPU (set TRITON_INTERPRET=1)")
-    (check if ap.parse_args().check else time_gpu)()
+    ap.add_argument("--shapes", default="", help="comma-separated training shape names (default: the first three)")
+    args = ap.parse_args()
+    check() if args.check else time_gpu([n for n in args.shapes.split(",") if n])

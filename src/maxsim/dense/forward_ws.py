@@ -69,13 +69,14 @@ def _argmax_combine(v1, i1, v2, i2):
 
 @gluon.jit
 def _argmax_step(v1, i1, v2, i2):
-    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax): 4 instructions an element
-    instead of 5. The value is the NaN-propagating max (canonical NaN); v2 is taken when that max
-    moved off v1: its bits changed (which sees a NaN arrive, not a second one) and it is not +0
-    against -0 (equal values: v1 keeps its lower index)."""
+    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax), in 3 instructions an
+    element pair instead of 5 (max, integer compare, select): the value is the NaN-propagating max
+    (a canonical NaN), and v2 is taken when that max's bits differ from v1's. So a NaN wins and the
+    first of several keeps its place, and equal values keep the lower index, except +0 after -0:
+    the max of the two is +0 and the later one is taken. (A similarity is -0 only when every
+    product of its dot is -0, and in the multiply mask rule's zeros, which the kernel makes +0.)"""
     m = _max_nan(v1, v2)
-    moved = (m.to(gl.int32, bitcast=True) != v1.to(gl.int32, bitcast=True)) & (m != v1)
-    return m, gl.where(moved, i2, i1)
+    return m, gl.where(m.to(gl.int32, bitcast=True) != v1.to(gl.int32, bitcast=True), i2, i1)
 
 
 @gluon.jit
@@ -256,6 +257,8 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                 if HAS_DMASK:
                     b_dm = gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0
                     b_s = b_s * b_dm.to(gl.float32)[None, :]
+                if SAVE_ARGMAX:
+                    b_s = b_s + 0.0  # -0 (a negative similarity times 0) becomes +0: see _argmax_step
                 if (i_t + 1) * BN > Ld:
                     b_s = gl.where(m_t[None, :], b_s, NEG_INF)
             elif HAS_DMASK:
