@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [sweep] [sweeppeers] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,8 @@ for step in "$@"; do
     sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
     sweeppeers) python3 -m maxsim bench --shapes sweep --quick --providers maxsim,late-interaction-kernels,flash-maxsim \
                   --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
+    shapes) python3 -m maxsim bench --shapes "$BENCH_SHAPES" --quick --providers maxsim,late-interaction-kernels,flash-maxsim \
+              --out "$OUT" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     bench) python3 -m maxsim bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac

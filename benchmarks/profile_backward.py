@@ -4,6 +4,8 @@ strategies and naive PyTorch, then the gather kernel's tile sweep.
     python benchmarks/profile_backward.py
 """
 
+import itertools
+
 import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
@@ -53,22 +55,22 @@ def main():
         base = B.gather_config
         for strategy in ("unified", "lowmem"):
             results = []
-            for BS in (8, 16, 32):
-                for warps in (4, 8):
-                    B.gather_config = lambda Lq, BD, cand, BS=BS, warps=warps: (min(BS, triton.next_power_of_2(Lq)), warps)
-                    try:
-                        fn = lambda: B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy=strategy)  # noqa: E731
-                        gq, gd = fn()
-                        ok = torch.allclose(gq.float(), ref[0].float(), rtol=2e-2, atol=2e-2)
-                        ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
-                        results.append((ms, BS, warps, ok))
-                    except Exception as e:  # noqa: BLE001
-                        results.append((float("inf"), BS, warps, repr(e)[:60]))
+            for BS, warps, rotate in itertools.product((4, 8, 16, 32), (4, 8), (0, 1)):
+                B.gather_config = lambda Lq, BD, cand, BS=BS, warps=warps, rotate=rotate: (
+                    min(BS, triton.next_power_of_2(Lq)), warps, rotate)
+                try:
+                    fn = lambda: B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy=strategy)  # noqa: E731
+                    gq, gd = fn()
+                    ok = torch.allclose(gq.float(), ref[0].float(), rtol=2e-2, atol=2e-2)
+                    ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+                    results.append((ms, BS, warps, rotate, ok))
+                except Exception as e:  # noqa: BLE001
+                    results.append((float("inf"), BS, warps, rotate, repr(e)[:60]))
             B.gather_config = base
             results.sort(key=lambda r: r[0])
             rule = B.gather_config(shape.lq, 128, shape.candidates)
-            print(f"{shape.name} backward {strategy}: rule BS,warps={rule}; best: "
-                  + "; ".join(f"BS{bs} w{w} {ms * 1e3:.0f}us ok={ok}" for ms, bs, w, ok in results[:5]))
+            print(f"{shape.name} backward {strategy}: rule BS,warps,rotate={rule}; best: "
+                  + "; ".join(f"BS{bs} w{w} rot{r} {ms * 1e3:.0f}us ok={ok}" for ms, bs, w, r, ok in results[:5]))
 
 
 if __name__ == "__main__":

@@ -33,17 +33,24 @@ def test_corpus_class_changes_only_the_documented_buckets():
 
 
 def test_warp_specialized_kernel_only_where_it_was_measured_faster():
-    # Many query rows on a big corpus, when the Gluon kernel can run: it, with BN=64 under the
-    # argmax. Small corpora, few rows, the interpreter, or a call it cannot run: the Triton rule.
+    # Many query rows on a big corpus, when the Gluon kernel can run: it, BN=128 with or without the
+    # argmax; one 128-token query there: it with split documents, BN=64, a ring of 6 (not with the
+    # argmax: not timed). Small corpora, fewer rows, the interpreter, or a call it cannot run: the
+    # Triton rule.
     f16, ws = torch.float16, dict(warp_specialize=True)
     for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (32, 32, 128)]:
         cfg = forward_config(nq, lq, d, f16, False, big_corpus=True, **ws)
         assert cfg.warp_specialized and cfg.BM == 256 and cfg.BN == 128 and cfg.BK == d
-        assert forward_config(nq, lq, d, f16, False, argmax=True, big_corpus=True, **ws).BN == 64
+        assert forward_config(nq, lq, d, f16, False, argmax=True, big_corpus=True, **ws) == cfg
         assert not forward_config(nq, lq, d, f16, False, big_corpus=True).warp_specialized
         assert not forward_config(nq, lq, d, f16, False, big_corpus=False, **ws).warp_specialized
         assert not forward_config(nq, lq, d, f16, False, True, big_corpus=True, **ws).warp_specialized
-    for nq, lq in [(1, 128), (1, 32), (4, 32)]:  # fewer than 256 rows: not compute-bound
+    one_query = forward_config(1, 128, 128, f16, False, big_corpus=True, **ws)
+    assert one_query.warp_specialized and (one_query.BN, one_query.num_stages) == (64, 6)
+    assert one_query == forward_config(1, 100, 128, f16, False, big_corpus=True, **ws)
+    for big, argmax in [(False, False), (True, True)]:
+        assert not forward_config(1, 128, 128, f16, False, argmax=argmax, big_corpus=big, **ws).warp_specialized
+    for nq, lq in [(1, 32), (4, 32), (2, 64)]:  # other row blocks of < 256 rows: not compute-bound
         assert not forward_config(nq, lq, 128, f16, False, big_corpus=True, **ws).warp_specialized
     assert not forward_config(8, 32, 64, f16, False, big_corpus=True, **ws).warp_specialized  # d = 64: not timed
     assert neighbour_configs(forward_config(128, 128, 128, f16, False, big_corpus=True, **ws))[1].num_stages == 2

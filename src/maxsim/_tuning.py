@@ -77,7 +77,8 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     - many query rows (>= 256) on a big corpus at d = 128, where the Gluon kernel can run: the warp-specialized
       kernel, BN=128 (also with the argmax: its state is 16 registers a thread), a ring of 4
       tiles, one program per multiprocessor: in-batch 128 x 128 0.660 against 0.904 ms, ColPali
-      1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.973 against 1.13;
+      1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.917-0.924 against
+      1.13 (0.99 with the former winning-tile argmax at BN=64);
     - long queries stacked (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, document
       tiles through TMA (``tma``), per-tile row max (``row_max``: only the accumulator lives in
       registers). Two programs share a multiprocessor, so one's max epilogue runs during the
@@ -93,8 +94,10 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
       d <= 64. On a big corpus, d > 64: TMA, BN=128, 3 stages, one program per multiprocessor
       (32 x 100K 5.57 against 5.99 ms; 32 x 10K 0.578 against 0.605; 32 x 2K 0.119 against 0.140;
       but 31 against 24.5 us at masked 64 x 64, hence the corpus class);
-    - one block of 128 rows (one 128-token query): BM=128, BN=64, running [BM, BN] max, pointer
-      loads (TMA was no faster at 1 x 1K and adds host time);
+    - one block of 128 rows (one 128-token query): on a big corpus where the Gluon kernel can run,
+      the warp-specialized kernel with split documents, BN=64, a ring of 6: 0.077-0.078 against
+      0.081-0.082 ms at 1 x 1K (128, 1024), also in a CUDA graph; otherwise BM=128, BN=64, running
+      [BM, BN] max, pointer loads (TMA was no faster at 1 x 1K and adds host time);
     - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128; on a
       big corpus at d <= 64, TMA with 4 stages (0.96 against 1.05 ms at 1 x 520K (32, 300));
     - with the argmax (training), long queries: BM=64, BN=128, TMA: the row-max variant also holds
@@ -109,6 +112,10 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     if warp_specialize and compute_bound and big_corpus and d == 128 and not interpret:
         # (d = 64 runs correctly in the kernel (GPU-tested) but was not timed: Triton's tile there.)
         return ForwardConfig(BM=256, BN=128, BK=bk, num_warps=4, num_stages=4, waves=1,
+                             row_max=True, tma=True, warp_specialized=True)
+    if warp_specialize and rows == 128 and seg == 128 and big_corpus and d == 128 and not argmax and not interpret:
+        # One 128-token query: its two consumers split the documents; BN=64 and a ring of 6.
+        return ForwardConfig(BM=128, BN=64, BK=bk, num_warps=4, num_stages=6, waves=1,
                              row_max=True, tma=True, warp_specialized=True)
     big_corpus = big_corpus and not argmax
     if dtype == torch.float32:

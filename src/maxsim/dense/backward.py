@@ -54,12 +54,13 @@ def _through_normalization(b_g, b_unit, b_inv):
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld"])
 def _maxsim_bwd_gather_kernel(
     q_ptr, d_ptr, g_ptr, arg_ptr, qinv_ptr, dinv_ptr, gq_ptr, gd_ptr,
-    Nq, Nd, Lq, Ld, dim,
+    Nq, Nd, Lq, Ld, dim, rotate,
     stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
     BS: tl.constexpr, BD: tl.constexpr,
     CANDIDATES: tl.constexpr, NORMALIZE: tl.constexpr, SCATTER_D: tl.constexpr,
 ):
-    """One program per (query i, block of BS query tokens): walks every document j.
+    """One program per (query i, block of BS query tokens): walks every document j, from
+    document i * rotate (rotate 0 or 1).
 
     Q [Nq, Lq, d] contiguous; g [Nq, Nd] fp32; argmax [Nq, Nd, Lq] int32; qinv [Nq, Lq] and
     dinv [Nq|1, Nd, Ld] fp32 inverse norms (NORMALIZE); grad_Q [Nq, Lq, d] in Q's dtype;
@@ -81,8 +82,10 @@ def _maxsim_bwd_gather_kernel(
     b_acc = tl.zeros([BS, BD], dtype=tl.float32)
     i_dq = i_q if CANDIDATES else 0  # which document set: this query's own, or the shared one
     for jj in range(0, Nd):
-        # Each query starts at another document, so concurrent programs' atomics spread out.
-        j = ((jj + i_q) % Nd).to(tl.int64)
+        # rotate = 1: each query starts at another document, so concurrent programs' atomics
+        # spread out; 0: all walk the documents in step, so the grad_D rows being written at one
+        # time are few and stay in L2 (gather_config says which is faster where).
+        j = ((jj + i_q * rotate) % Nd).to(tl.int64)
         g = tl.load(g_ptr + i_q * Nd + j)
         b_t = tl.load(arg_ptr + (i_q * Nd + j) * Lq + o_s, mask=m_s, other=-1)  # [BS] winners
         m_win = b_t >= 0
@@ -217,18 +220,19 @@ def _normalize_jacobian_kernel(
     tl.store(gd_ptr + o_r[:, None] * dim + o_d[None, :], b_g.to(gd_ptr.dtype.element_ty), mask=m)
 
 
-def gather_config(Lq: int, BD: int, candidates: bool) -> tuple[int, int]:
-    """(query tokens per program, warps) of the gather kernel, from an H200 sweep
-    (benchmarks/profile_backward.py; BENCHMARKS.md): long queries in the cross product want
-    narrow programs (BS=8, 8 warps: 459 against 579 us at 128 x 128 x 128 x 1024); candidate lists
+def gather_config(Lq: int, BD: int, candidates: bool) -> tuple[int, int, int]:
+    """(query tokens per program, warps, rotate) of the gather kernel, from H200 sweeps
+    (benchmarks/profile_backward.py, probe_backward_gather.py; BENCHMARKS.md): long queries in the
+    cross product want narrow programs walking the documents in step (BS=4, 4 warps, rotate 0:
+    416 against 453 us for BS=8, 8 warps, rotated, at 128 x 128 x 128 x 1024); candidate lists
     have few query rows per document set and want wide ones (BS=32: 151 against 180 us)."""
     if candidates:
-        BS, warps = 32, 4
+        BS, warps, rotate = 32, 4, 1
     elif Lq >= 128:
-        BS, warps = 8, 8
+        BS, warps, rotate = 4, 4, 0
     else:
-        BS, warps = 16, 4
-    return max(1, min(BS, next_pow2(Lq), 8192 // BD)), warps
+        BS, warps, rotate = 16, 4, 1
+    return max(1, min(BS, next_pow2(Lq), 8192 // BD)), warps, rotate
 
 
 def _inverse_norms(x: torch.Tensor) -> torch.Tensor:
@@ -269,13 +273,13 @@ def maxsim_backward(
     qinv = _inverse_norms(Q) if normalize else g  # any tensor when unused
     dinv = _inverse_norms(D) if normalize else g
     BD = max(16, next_pow2(d))
-    BS, gather_warps = gather_config(Lq, BD, candidates)
+    BS, gather_warps, rotate = gather_config(Lq, BD, candidates)
     stride_dq = D.stride(0) if candidates else 0
     unified = strategy == "unified"
     gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
     launch(
         _maxsim_bwd_gather_kernel, (Nq * -(-Lq // BS),),
-        (Q, D, g, argmax, qinv, dinv, grad_Q, gd32, Nq, Nd, Lq, Ld, d, stride_dq, D.stride(1), D.stride(2)),
+        (Q, D, g, argmax, qinv, dinv, grad_Q, gd32, Nq, Nd, Lq, Ld, d, rotate, stride_dq, D.stride(1), D.stride(2)),
         dict(BS=BS, BD=BD, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified),
         num_warps=gather_warps, num_stages=DEFAULT_STAGES,
     )
