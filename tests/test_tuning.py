@@ -56,6 +56,15 @@ def test_warp_specialized_kernel_only_where_it_was_measured_faster():
     assert neighbour_configs(forward_config(128, 128, 128, f16, False, big_corpus=True, **ws))[1].num_stages == 2
 
 
+def test_one_query_takes_the_warp_specialized_kernel_only_on_long_calls():
+    # It has no launch plan: one 128-token query needs WS_ONE_BLOCK_MIN_TOKENS document tokens
+    # (a million were slower than the Triton kernel); many query rows always qualify.
+    n = _tuning.WS_ONE_BLOCK_MIN_TOKENS
+    assert _tuning.warp_specialize_pays(1, 128, n) and not _tuning.warp_specialize_pays(1, 128, n - 1)
+    assert not _tuning.warp_specialize_pays(1, 128, 1000 * 1024)
+    assert _tuning.warp_specialize_pays(2, 128, 2**17) and _tuning.warp_specialize_pays(1, 1024, 2**17)
+
+
 def test_warp_specialized_kernel_needs_hopper_shared_documents_and_16_bit():
     from maxsim.dense.forward import warp_specialize_ok
 

@@ -63,6 +63,20 @@ def is_big_corpus(doc_tokens: int) -> bool:
     return doc_tokens >= BIG_CORPUS_TOKENS
 
 
+# One 128-token query (one row block) runs the warp-specialized kernel only against at least this
+# many document tokens: that kernel has no launch plan, and on shorter calls its host path shows.
+# On the H200, 1 x 1K (128, 1024), a million tokens, took 0.088 ms through it against 0.080 ms
+# with the Triton kernel's plan; one query against 16.8M tokens took 12-14 % less time
+# (benchmarks/results/forward-20261129-193114.csv).
+WS_ONE_BLOCK_MIN_TOKENS = 2**22
+
+
+def warp_specialize_pays(Nq: int, Lq: int, doc_tokens: int) -> bool:
+    """Whether a call the Gluon kernel can run is long enough for it: always for many query rows,
+    for one query of up to 128 tokens from WS_ONE_BLOCK_MIN_TOKENS document tokens."""
+    return Nq * Lq > 128 or doc_tokens >= WS_ONE_BLOCK_MIN_TOKENS
+
+
 @functools.lru_cache(maxsize=1024)
 def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, interpret: bool = False,
                    argmax: bool = False, big_corpus: bool = False, warp_specialize: bool = False) -> ForwardConfig:

@@ -30,10 +30,10 @@ from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim._tuning import (
-    ForwardConfig,
     autotune_enabled,
     cuda_timer,
     forward_config,
+    ForwardConfig,
     is_big_corpus,
     multiprocessors,
     neighbour_configs,
@@ -41,6 +41,7 @@ from maxsim._tuning import (
     pick_fastest,
     tuning_cache,
     tuning_key,
+    warp_specialize_pays,
 )
 
 # Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
@@ -319,7 +320,8 @@ def maxsim_forward(
     def run(cfg: ForwardConfig, plan_key=None) -> torch.Tensor:
         return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key)
 
-    ws_ok = warp_specialize_ok(Q, D, normalize, interpret, device_index)
+    ws_ok = warp_specialize_ok(Q, D, normalize, interpret, device_index) and \
+        warp_specialize_pays(Nq, Lq, D.shape[0] * Nd * Ld)
     if config is not None and config.warp_specialized and not ws_ok:
         config = None  # (a tuned or given Gluon configuration, for a call it cannot run)
     if config is None:

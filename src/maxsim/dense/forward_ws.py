@@ -20,7 +20,7 @@ The query block is the wgmma's register operand by default (``Q_IN_REGS``): each
 only the document tile from shared memory.
 
 Scope: documents shared by all queries (``D [Nd, Ld, d]``), fp16/bf16, d in {64, 128} (one MMA
-K-step), both mask rules, NaN propagation, the argmax (the winning-tile method of forward.py). Queries
+K-step), both mask rules, NaN propagation, the argmax (kept per thread: _thread_argmax). Queries
 of up to 128 tokens stack 128 // SEG to a row block; longer ones are cut into 128-row chunks whose
 partial scores are summed by the launcher. Not here (forward.py serves them): normalize, candidate
 lists, fp32, d > 128.
@@ -84,9 +84,13 @@ def _thread_argmax(s, k, HALF: gl.constexpr, BN: gl.constexpr):
     """s [HALF, BN] similarities in the wgmma layout, k [HALF, 8, BN // 8] int32 (k, in the view
     below) -> (max, its k) [HALF, 8] for each column class j: the columns 8 k + j of a row.
     A thread of the wgmma layout holds every k of its (row, j) pairs, so this is all registers, no
-    shuffles; a pairwise tree (adjacent k, the lower on the left) instead of a chain, so the
-    instructions of one level are independent (a chain of 16 dependent compares per pair ran the
-    training forward at 1.20 ms against 0.99, benchmarks/results/ws-20261129-1909.log)."""
+    shuffles; a pairwise tree (adjacent k, the lower on the left), so the instructions of one
+    level are independent. What it costs is issue slots: compares and selects issue at half the
+    FMA rate, and the epilogue must fit in the other consumer's MMA. At in-batch 128 x 128 the
+    training forward took 1.20 ms with 5 instructions an element (a chain), 1.19-1.21 with 4 (this
+    tree, exact for -0), 0.917-0.924 with 3 (_argmax_step), against 0.99 for the former winning-tile
+    method (benchmarks/results/ws-train-20261129-1904.log, ws-20261129-1912.log,
+    ws-bwd-20261129-1919.log)."""
     v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
     i = k
     for lvl in gl.static_range(6):
