@@ -8,10 +8,12 @@ pipelined across steps. At in-batch 128 x 128 the gather alone took 236 us
 - BJ: load the winners of BJ documents at once, then gather their BJ x BS rows at once. Timed at
   18:20 on 2026-11-29 (results/ws-train-20261129-1815.log): 20 % faster on candidate lists, 4 %
   in-batch 128 x 128, 6 % slower at 256 x 256. Not folded into the library.
-- span: query i starts at document i % span (shipped: span = Nd, which spreads the atomics). With
-  a small span the grad_D rows being written at one time are few enough to stay in L2. Not yet
-  timed. The run also times the best configuration without grad_D's atomics, which separates the
-  gather's cost from the atomics' cost.
+- span: query i starts at document i % span (the kernel used to rotate by i: span = Nd). With a
+  small span the grad_D rows being written at one time are few enough to stay in L2. Timed at
+  19:20 (results/ws-bwd-20261129-1919.log), in-batch 128 x 128: span 1 or 4 with BJ 1, BS 4,
+  4 warps took 416 us against 453 for the kernel as it was; span 1 is now the library's rule for
+  long queries in the cross product (``gather_config``'s rotate = 0). Without grad_D's atomics
+  the best configuration took 260 us: the gather alone is latency-bound (2 TB/s from L2).
 
 Kept out of the library until it wins on the GPU (a kernel change ships only after a GPU run). It
 covers the unified strategy without normalize (cross product and candidate lists).
