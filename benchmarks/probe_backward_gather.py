@@ -32,15 +32,29 @@ import triton.language as tl
 from maxsim.dense import backward as B
 
 
+@triton.jit
+def _winners(g_ptr, arg_ptr, i_q, j0, o_j, o_s, m_s, Nd, Lq, span):
+    """Documents j0 .. j0 + BJ of query i_q's walk: (document [BJ], real [BJ], g [BJ], winners [BJ, BS])."""
+    m_j = j0 + o_j < Nd  # [BJ]
+    j = ((j0 + o_j + i_q % span) % Nd).to(tl.int64)  # [BJ] (queries start at span different documents)
+    g = tl.load(g_ptr + i_q * Nd + j, mask=m_j, other=0.0)  # [BJ]
+    b_t = tl.load(arg_ptr + ((i_q * Nd + j) * Lq)[:, None] + o_s[None, :],
+                  mask=m_j[:, None] & m_s[None, :], other=-1)  # [BJ, BS] winners
+    return j, m_j, g, b_t
+
+
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "span"])
 def _gather_blocked_kernel(
     q_ptr, d_ptr, g_ptr, arg_ptr, gq_ptr, gd_ptr,
     Nq, Nd, Lq, Ld, dim, span,
     stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
     BJ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, CANDIDATES: tl.constexpr, SCATTER_D: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """As ``_maxsim_bwd_gather_kernel`` (no normalize), BJ documents per step. Query i starts at
-    document i % span (the shipped kernel: span = Nd)."""
+    document i % span (the shipped kernel: span = Nd, or 1 for long queries). PREFETCH: the next
+    step's winners are loaded before this step's rows, so a step waits on one memory round trip
+    instead of two (the winners' load, then the rows' that it addresses)."""
     i_pid = tl.program_id(0)
     n_sblocks = tl.cdiv(Lq, BS)
     i_q = (i_pid // n_sblocks).to(tl.int64)
@@ -53,12 +67,14 @@ def _gather_blocked_kernel(
     b_q = tl.load(q_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], mask=m_sd, other=0.0).to(tl.float32)
     b_acc = tl.zeros([BS, BD], dtype=tl.float32)
     i_dq = i_q if CANDIDATES else 0
+    if PREFETCH:
+        j_n, m_j_n, g_n, b_t_n = _winners(g_ptr, arg_ptr, i_q, 0, o_j, o_s, m_s, Nd, Lq, span)
     for j0 in range(0, Nd, BJ):
-        m_j = j0 + o_j < Nd  # [BJ]
-        j = ((j0 + o_j + i_q % span) % Nd).to(tl.int64)  # [BJ] (queries start at span different documents)
-        g = tl.load(g_ptr + i_q * Nd + j, mask=m_j, other=0.0)  # [BJ]
-        b_t = tl.load(arg_ptr + ((i_q * Nd + j) * Lq)[:, None] + o_s[None, :],
-                      mask=m_j[:, None] & m_s[None, :], other=-1)  # [BJ, BS] winners
+        if PREFETCH:
+            j, m_j, g, b_t = j_n, m_j_n, g_n, b_t_n
+            j_n, m_j_n, g_n, b_t_n = _winners(g_ptr, arg_ptr, i_q, j0 + BJ, o_j, o_s, m_s, Nd, Lq, span)
+        else:
+            j, m_j, g, b_t = _winners(g_ptr, arg_ptr, i_q, j0, o_j, o_s, m_s, Nd, Lq, span)
         m_win = b_t >= 0
         b_t = tl.maximum(b_t, 0).to(tl.int64)
         p_rows = d_ptr + i_dq * stride_dq + (j * stride_dn)[:, None, None] + (b_t * stride_dl)[:, :, None] \
@@ -73,7 +89,7 @@ def _gather_blocked_kernel(
     tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
 
 
-def backward_blocked(g, Q, D4, argmax, BJ, BS, warps, span=None, scatter=True):
+def backward_blocked(g, Q, D4, argmax, BJ, BS, warps, span=None, scatter=True, prefetch=False):
     """unified grad_Q, grad_D (no normalize) with the candidate kernel; span None = Nd."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D4.shape[1], D4.shape[2]
@@ -84,7 +100,8 @@ def backward_blocked(g, Q, D4, argmax, BJ, BS, warps, span=None, scatter=True):
     _gather_blocked_kernel[(Nq * triton.cdiv(Lq, BS),)](
         Q, D4, g.float().contiguous(), argmax, grad_Q, gd32, Nq, Nd, Lq, Ld, d, span or Nd,
         D4.stride(0) if candidates else 0, D4.stride(1), D4.stride(2),
-        BJ=BJ, BS=BS, BD=triton.next_power_of_2(d), CANDIDATES=candidates, SCATTER_D=scatter, num_warps=warps)
+        BJ=BJ, BS=BS, BD=triton.next_power_of_2(d), CANDIDATES=candidates, SCATTER_D=scatter, PREFETCH=prefetch,
+        num_warps=warps)
     return grad_Q, gd32.to(D4.dtype)
 
 
@@ -99,14 +116,15 @@ def inputs(nq, nd, lq, ld, d, candidates, device, dtype):
 
 def check():
     """CPU (interpreter): the candidate's gradients against the shipped kernel's."""
-    for nq, nd, lq, ld, cand, BJ, BS, span in [(3, 5, 20, 33, False, 4, 8, None), (2, 7, 16, 40, True, 8, 16, None),
-                                               (4, 3, 9, 17, False, 2, 4, None), (5, 6, 16, 40, False, 1, 16, 2),
-                                               (5, 6, 16, 40, True, 2, 8, 1)]:
+    for (nq, nd, lq, ld, cand, BJ, BS, span), prefetch in itertools.product(
+            [(3, 5, 20, 33, False, 4, 8, None), (2, 7, 16, 40, True, 8, 16, None), (4, 3, 9, 17, False, 2, 4, None),
+             (5, 6, 16, 40, False, 1, 16, 2), (5, 6, 16, 40, True, 2, 8, 1)], (False, True)):
         Q, D4, arg, g = inputs(nq, nd, lq, ld, 32, cand, "cpu", torch.float32)
         ref_q, ref_d = B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="unified")
-        gq, gd = backward_blocked(g, Q, D4, arg, BJ, BS, 4, span)
+        gq, gd = backward_blocked(g, Q, D4, arg, BJ, BS, 4, span, prefetch=prefetch)
         err = max(float((gq - ref_q).abs().max()), float((gd - ref_d).abs().max()))
-        print(f"({nq}, {nd}, {lq}, {ld}) candidates={cand} BJ={BJ} BS={BS} span={span}: max |diff| {err:.2e}")
+        print(f"({nq}, {nd}, {lq}, {ld}) candidates={cand} BJ={BJ} BS={BS} span={span} prefetch={prefetch}: "
+              f"max |diff| {err:.2e}")
         assert err < 1e-4
 
 
@@ -124,21 +142,22 @@ def time_gpu(names=None):
         # span: how many different documents the queries start at. The shipped kernel spreads them
         # over all Nd (fewer atomics on one row at a time); a small span keeps the grad_D rows being
         # written few enough to stay in L2 (in-batch 128 x 128: a 67 MB fp32 buffer, 50 MB of L2).
-        for BJ, BS, warps, span in itertools.product((1, 2, 4), (4, 16, 32), (4,), (None, 16, 4, 1)):
+        for BJ, BS, warps, span, pre in itertools.product((1, 2, 4), (4, 16, 32), (4,), (None, 1), (False, True)):
             try:
-                fn = lambda: backward_blocked(g, Q, D4, arg, BJ, BS, warps, span)  # noqa: E731
+                fn = lambda: backward_blocked(g, Q, D4, arg, BJ, BS, warps, span, prefetch=pre)  # noqa: E731
                 gq, gd = fn()
                 ok = torch.allclose(gq.float(), ref_q.float(), rtol=2e-2, atol=2e-2) and \
                     torch.allclose(gd.float(), ref_d.float(), rtol=2e-2, atol=2e-2)
-                rows.append((triton.testing.do_bench(fn, return_mode="median"), BJ, BS, warps, span, ok))
+                rows.append((triton.testing.do_bench(fn, return_mode="median"), BJ, BS, warps, span, pre, ok))
             except Exception as e:  # noqa: BLE001
-                rows.append((float("inf"), BJ, BS, warps, span, repr(e)[:60]))
+                rows.append((float("inf"), BJ, BS, warps, span, pre, repr(e)[:60]))
         rows.sort(key=lambda r: r[0])
         best = rows[0]
-        gq_only = triton.testing.do_bench(lambda: backward_blocked(g, Q, D4, arg, *best[1:5], scatter=False),
-                                          return_mode="median")
+        gq_only = triton.testing.do_bench(
+            lambda: backward_blocked(g, Q, D4, arg, *best[1:5], scatter=False, prefetch=best[5]), return_mode="median")
         print(f"{shape.name}: shipped unified backward {ship * 1e3:.0f} us; blocked best: "
-              + "; ".join(f"BJ{bj} BS{bs} w{w} span{sp} {ms * 1e3:.0f}us ok={ok}" for ms, bj, bs, w, sp, ok in rows[:6])
+              + "; ".join(f"BJ{bj} BS{bs} w{w} span{sp} prefetch{int(pre)} {ms * 1e3:.0f}us ok={ok}"
+                          for ms, bj, bs, w, sp, pre, ok in rows[:6])
               + f"; the best without grad_D's atomics {gq_only * 1e3:.0f}us", flush=True)
 
 
