@@ -63,6 +63,7 @@ def test_one_query_takes_the_warp_specialized_kernel_only_on_long_calls():
     assert _tuning.warp_specialize_pays(1, 128, n) and not _tuning.warp_specialize_pays(1, 128, n - 1)
     assert not _tuning.warp_specialize_pays(1, 128, 1000 * 1024)
     assert _tuning.warp_specialize_pays(2, 128, 2**17) and _tuning.warp_specialize_pays(1, 1024, 2**17)
+    assert _tuning.warp_specialize_pays(3, 33, 2**17)  # stacked to 256 rows: compute-bound
 
 
 def test_warp_specialized_kernel_needs_hopper_shared_documents_and_16_bit():

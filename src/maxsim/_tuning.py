@@ -72,9 +72,9 @@ WS_ONE_BLOCK_MIN_TOKENS = 2**22
 
 
 def warp_specialize_pays(Nq: int, Lq: int, doc_tokens: int) -> bool:
-    """Whether a call the Gluon kernel can run is long enough for it: always for many query rows,
-    for one query of up to 128 tokens from WS_ONE_BLOCK_MIN_TOKENS document tokens."""
-    return Nq * Lq > 128 or doc_tokens >= WS_ONE_BLOCK_MIN_TOKENS
+    """Whether a call the Gluon kernel can run is long enough for it: always for several queries
+    or a longer one, for one query of up to 128 tokens from WS_ONE_BLOCK_MIN_TOKENS document tokens."""
+    return Nq > 1 or Lq > 128 or doc_tokens >= WS_ONE_BLOCK_MIN_TOKENS
 
 
 @functools.lru_cache(maxsize=1024)
@@ -108,10 +108,11 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
       d <= 64. On a big corpus, d > 64: TMA, BN=128, 3 stages, one program per multiprocessor
       (32 x 100K 5.57 against 5.99 ms; 32 x 10K 0.578 against 0.605; 32 x 2K 0.119 against 0.140;
       but 31 against 24.5 us at masked 64 x 64, hence the corpus class);
-    - one block of 128 rows (one 128-token query): on a big corpus where the Gluon kernel can run,
-      the warp-specialized kernel with split documents, BN=64, a ring of 6: 0.077-0.078 against
-      0.081-0.082 ms at 1 x 1K (128, 1024), also in a CUDA graph; otherwise BM=128, BN=64, running
-      [BM, BN] max, pointer loads (TMA was no faster at 1 x 1K and adds host time);
+    - one block of 128 rows (one 128-token query): where the Gluon kernel can run and the call is
+      long enough for its host path (the caller's :func:`warp_specialize_pays`), the
+      warp-specialized kernel with split documents, BN=64, a ring of 6: 0.99-1.08 against
+      1.12-1.23 ms against 16.8M tokens; otherwise BM=128, BN=64, running [BM, BN] max, pointer
+      loads (TMA was no faster at 1 x 1K and adds host time);
     - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128; on a
       big corpus at d <= 64, TMA with 4 stages (0.96 against 1.05 ms at 1 x 520K (32, 300));
     - with the argmax (training), long queries: BM=64, BN=128, TMA: the row-max variant also holds

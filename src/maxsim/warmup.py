@@ -4,8 +4,9 @@ pays for a Triton compilation.
 Which kernel variant a call uses depends only on the dtype, d, the power-of-two bucket of Lq,
 the bucket of Nq x Lq (up to 256 stacked query rows), the layout, the flags (masks, normalize,
 mask mode, argmax) and the corpus class (fewer or more than ``maxsim._tuning.BIG_CORPUS_TOKENS``
-document tokens in the call); never on Nd or Ld otherwise. :func:`warmup` compiles both corpus
-classes. Compiled kernels also persist on disk in Triton's cache (``TRITON_CACHE_DIR``, default
+document tokens in the call; on Hopper one query of up to 128 tokens also has a class of its own
+from ``maxsim._tuning.WS_ONE_BLOCK_MIN_TOKENS``); never on Nd or Ld otherwise. :func:`warmup`
+compiles every class. Compiled kernels also persist on disk in Triton's cache (``TRITON_CACHE_DIR``, default
 ``~/.triton/cache``), so a restarted process only loads them.
 """
 

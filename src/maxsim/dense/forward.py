@@ -30,10 +30,10 @@ from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim._tuning import (
+    ForwardConfig,
     autotune_enabled,
     cuda_timer,
     forward_config,
-    ForwardConfig,
     is_big_corpus,
     multiprocessors,
     neighbour_configs,
@@ -320,12 +320,13 @@ def maxsim_forward(
     def run(cfg: ForwardConfig, plan_key=None) -> torch.Tensor:
         return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key)
 
+    doc_tokens = D.shape[0] * Nd * Ld
     ws_ok = warp_specialize_ok(Q, D, normalize, interpret, device_index) and \
-        warp_specialize_pays(Nq, Lq, D.shape[0] * Nd * Ld)
+        warp_specialize_pays(Nq, Lq, doc_tokens)
     if config is not None and config.warp_specialized and not ws_ok:
         config = None  # (a tuned or given Gluon configuration, for a call it cannot run)
     if config is None:
-        big = is_big_corpus(D.shape[0] * Nd * Ld)
+        big = is_big_corpus(doc_tokens)
         config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax, big, ws_ok)
         if autotune_enabled() and not interpret and not torch.cuda.is_current_stream_capturing():
             flags = f"qm{int(qm is not None)}dm{int(dm is not None)}mul{int(multiply)}n{int(normalize)}a{int(save_argmax)}"
