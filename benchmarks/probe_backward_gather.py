@@ -49,13 +49,21 @@ def _gather_blocked_kernel(
     Nq, Nd, Lq, Ld, dim, span,
     stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
     BJ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, CANDIDATES: tl.constexpr, SCATTER_D: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, SPLIT_ROLES: tl.constexpr,
 ):
     """As ``_maxsim_bwd_gather_kernel`` (no normalize), BJ documents per step. Query i starts at
     document i % span (the shipped kernel: span = Nd, or 1 for long queries). PREFETCH: the next
     step's winners are loaded before this step's rows, so a step waits on one memory round trip
-    instead of two (the winners' load, then the rows' that it addresses)."""
+    instead of two (the winners' load, then the rows' that it addresses). SPLIT_ROLES: twice the
+    programs; even ones gather grad_Q, odd ones scatter grad_D, so the two run side by side
+    instead of taking turns in each step."""
     i_pid = tl.program_id(0)
+    gathers = True
+    scatters = SCATTER_D
+    if SPLIT_ROLES:
+        gathers = i_pid % 2 == 0
+        scatters = i_pid % 2 == 1
+        i_pid = i_pid // 2
     n_sblocks = tl.cdiv(Lq, BS)
     i_q = (i_pid // n_sblocks).to(tl.int64)
     o_s = (i_pid % n_sblocks) * BS + tl.arange(0, BS)  # [BS]
@@ -80,16 +88,18 @@ def _gather_blocked_kernel(
         p_rows = d_ptr + i_dq * stride_dq + (j * stride_dn)[:, None, None] + (b_t * stride_dl)[:, :, None] \
             + o_d[None, None, :]
         m_wd = m_win[:, :, None] & m_d[None, None, :]
-        b_dw = tl.load(p_rows, mask=m_wd, other=0.0).to(tl.float32)  # [BJ, BS, BD]
-        b_acc += tl.sum(g[:, None, None] * b_dw, axis=0)
-        if SCATTER_D:
+        if gathers:
+            b_dw = tl.load(p_rows, mask=m_wd, other=0.0).to(tl.float32)  # [BJ, BS, BD]
+            b_acc += tl.sum(g[:, None, None] * b_dw, axis=0)
+        if scatters:
             o_row = ((i_dq * Nd + j) * Ld)[:, None] + b_t  # [BJ, BS]
             tl.atomic_add(gd_ptr + o_row[:, :, None] * dim + o_d[None, None, :], g[:, None, None] * b_q[None, :, :],
                           mask=m_wd, sem="relaxed")
-    tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
+    if gathers:
+        tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
 
 
-def backward_blocked(g, Q, D4, argmax, BJ, BS, warps, span=None, scatter=True, prefetch=False):
+def backward_blocked(g, Q, D4, argmax, BJ, BS, warps, span=None, scatter=True, prefetch=False, split=False):
     """unified grad_Q, grad_D (no normalize) with the candidate kernel; span None = Nd."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D4.shape[1], D4.shape[2]
@@ -97,11 +107,11 @@ def backward_blocked(g, Q, D4, argmax, BJ, BS, warps, span=None, scatter=True, p
     grad_Q = torch.empty_like(Q)
     gd32 = torch.zeros(D4.shape, dtype=torch.float32, device=D4.device)
     BS = min(BS, triton.next_power_of_2(Lq))
-    _gather_blocked_kernel[(Nq * triton.cdiv(Lq, BS),)](
+    _gather_blocked_kernel[((2 if split else 1) * Nq * triton.cdiv(Lq, BS),)](
         Q, D4, g.float().contiguous(), argmax, grad_Q, gd32, Nq, Nd, Lq, Ld, d, span or Nd,
         D4.stride(0) if candidates else 0, D4.stride(1), D4.stride(2),
         BJ=BJ, BS=BS, BD=triton.next_power_of_2(d), CANDIDATES=candidates, SCATTER_D=scatter, PREFETCH=prefetch,
-        num_warps=warps)
+        SPLIT_ROLES=split, num_warps=warps)
     return grad_Q, gd32.to(D4.dtype)
 
 
@@ -119,12 +129,13 @@ def check():
     for (nq, nd, lq, ld, cand, BJ, BS, span), prefetch in itertools.product(
             [(3, 5, 20, 33, False, 4, 8, None), (2, 7, 16, 40, True, 8, 16, None), (4, 3, 9, 17, False, 2, 4, None),
              (5, 6, 16, 40, False, 1, 16, 2), (5, 6, 16, 40, True, 2, 8, 1)], (False, True)):
+      for split in (False, True):
         Q, D4, arg, g = inputs(nq, nd, lq, ld, 32, cand, "cpu", torch.float32)
         ref_q, ref_d = B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="unified")
-        gq, gd = backward_blocked(g, Q, D4, arg, BJ, BS, 4, span, prefetch=prefetch)
+        gq, gd = backward_blocked(g, Q, D4, arg, BJ, BS, 4, span, prefetch=prefetch, split=split)
         err = max(float((gq - ref_q).abs().max()), float((gd - ref_d).abs().max()))
-        print(f"({nq}, {nd}, {lq}, {ld}) candidates={cand} BJ={BJ} BS={BS} span={span} prefetch={prefetch}: "
-              f"max |diff| {err:.2e}")
+        print(f"({nq}, {nd}, {lq}, {ld}) candidates={cand} BJ={BJ} BS={BS} span={span} prefetch={prefetch} "
+              f"split={split}: max |diff| {err:.2e}")
         assert err < 1e-4
 
 
@@ -142,22 +153,25 @@ def time_gpu(names=None):
         # span: how many different documents the queries start at. The shipped kernel spreads them
         # over all Nd (fewer atomics on one row at a time); a small span keeps the grad_D rows being
         # written few enough to stay in L2 (in-batch 128 x 128: a 67 MB fp32 buffer, 50 MB of L2).
-        for BJ, BS, warps, span, pre in itertools.product((1, 2, 4), (4, 16, 32), (4,), (None, 1), (False, True)):
+        lowmem = triton.testing.do_bench(
+            lambda: B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy="lowmem"), return_mode="median")
+        for BJ, BS, warps, span, pre, split in itertools.product((1, 2), (4, 16, 32), (4,), (1,), (False, True),
+                                                                (False, True)):
             try:
-                fn = lambda: backward_blocked(g, Q, D4, arg, BJ, BS, warps, span, prefetch=pre)  # noqa: E731
+                fn = lambda: backward_blocked(g, Q, D4, arg, BJ, BS, warps, span, prefetch=pre, split=split)  # noqa: E731
                 gq, gd = fn()
                 ok = torch.allclose(gq.float(), ref_q.float(), rtol=2e-2, atol=2e-2) and \
                     torch.allclose(gd.float(), ref_d.float(), rtol=2e-2, atol=2e-2)
-                rows.append((triton.testing.do_bench(fn, return_mode="median"), BJ, BS, warps, span, pre, ok))
+                rows.append((triton.testing.do_bench(fn, return_mode="median"), BJ, BS, warps, span, pre, split, ok))
             except Exception as e:  # noqa: BLE001
-                rows.append((float("inf"), BJ, BS, warps, span, pre, repr(e)[:60]))
+                rows.append((float("inf"), BJ, BS, warps, span, pre, split, repr(e)[:60]))
         rows.sort(key=lambda r: r[0])
         best = rows[0]
         gq_only = triton.testing.do_bench(
             lambda: backward_blocked(g, Q, D4, arg, *best[1:5], scatter=False, prefetch=best[5]), return_mode="median")
-        print(f"{shape.name}: shipped unified backward {ship * 1e3:.0f} us; blocked best: "
-              + "; ".join(f"BJ{bj} BS{bs} w{w} span{sp} prefetch{int(pre)} {ms * 1e3:.0f}us ok={ok}"
-                          for ms, bj, bs, w, sp, pre, ok in rows[:6])
+        print(f"{shape.name}: shipped unified backward {ship * 1e3:.0f} us, lowmem {lowmem * 1e3:.0f} us; blocked best: "
+              + "; ".join(f"BJ{bj} BS{bs} w{w} span{sp} prefetch{int(pre)} split{int(sl)} {ms * 1e3:.0f}us ok={ok}"
+                          for ms, bj, bs, w, sp, pre, sl, ok in rows[:8])
               + f"; the best without grad_D's atomics {gq_only * 1e3:.0f}us", flush=True)
 
 

@@ -31,7 +31,7 @@ from maxsim.dense.backward import (
     _normalize_jacobian_kernel,
 )
 from maxsim.dense.forward import _maxsim_fwd_kernel
-from maxsim.dense.forward_ws import WS_MAXNREG, _maxsim_fwd_ws_kernel
+from maxsim.dense.forward_ws import WS_MAXNREG, WS_SUB_TILES, _maxsim_fwd_ws_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
 
@@ -173,6 +173,7 @@ def ws_variants():
         (128, 128, "fp16", False, False, {}),                                  # query block from shared memory
         (128, 64, "fp16", False, True, {}),
         (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True)),               # training
+        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, SUB=1)),        # training, one MMA a tile
         (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True)),
         (64, 128, "bf16", True, True, dict(HAS_QMASK=True, HAS_DMASK=True)),
         (64, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
@@ -184,8 +185,8 @@ def ws_variants():
         ptrs = dict(q_ptr=dt, qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32",
                     d_desc=f"tensordesc<{dt}[{BN},{d}],{layout!r}>")
         consts = dict(BN=BN, BK=d, SEG=32, STAGES=4, SPLIT_DOCS=split, Q_IN_REGS=regs, num_warps=4,
-                      **dict(flags, **extra))
-        tag = " ".join(k.lower() for k, v in extra.items() if v)
+                      **{**flags, "SUB": WS_SUB_TILES[bool(extra.get("SAVE_ARGMAX"))], **extra})
+        tag = " ".join(k.lower() if v is True else f"{k.lower()}{v}" for k, v in extra.items() if v)
         name = f"fwd ws (Gluon) BN{BN} d{d} {dt}{' split' if split else ''}{'' if regs else ' q-smem'} {tag}"
         yield name.rstrip(), _maxsim_fwd_ws_kernel, consts, ptrs, 4
 

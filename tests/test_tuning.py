@@ -66,6 +66,13 @@ def test_one_query_takes_the_warp_specialized_kernel_only_on_long_calls():
     assert _tuning.warp_specialize_pays(3, 33, 2**17)  # stacked to 256 rows: compute-bound
 
 
+def test_masked_calls_stay_on_the_triton_kernel():
+    # The Gluon kernel's per-tile mask work spills: with masks the Triton kernel was faster.
+    assert _tuning.warp_specialize_pays(128, 128, 2**24)
+    assert not _tuning.warp_specialize_pays(128, 128, 2**24, masked=True)
+    assert not _tuning.warp_specialize_pays(1, 128, 2**24, masked=True)
+
+
 def test_warp_specialized_kernel_needs_hopper_shared_documents_and_16_bit():
     from maxsim.dense.forward import warp_specialize_ok
 

@@ -71,10 +71,13 @@ def is_big_corpus(doc_tokens: int) -> bool:
 WS_ONE_BLOCK_MIN_TOKENS = 2**22
 
 
-def warp_specialize_pays(Nq: int, Lq: int, doc_tokens: int) -> bool:
-    """Whether a call the Gluon kernel can run is long enough for it: always for several queries
-    or a longer one, for one query of up to 128 tokens from WS_ONE_BLOCK_MIN_TOKENS document tokens."""
-    return Nq > 1 or Lq > 128 or doc_tokens >= WS_ONE_BLOCK_MIN_TOKENS
+def warp_specialize_pays(Nq: int, Lq: int, doc_tokens: int, masked: bool = False) -> bool:
+    """Whether a call the Gluon kernel can run is worth running there: never with masks (at in-batch
+    128 x 128 with prefix masks on both sides the Triton kernel took 1.15 ms against 1.27, and 1.22
+    against 1.92 with the argmax: the Gluon kernel's per-tile mask work spills registers;
+    benchmarks/results/ws-argmax-20261129-2*.log); otherwise always for several queries or a
+    longer one, for one query of up to 128 tokens from WS_ONE_BLOCK_MIN_TOKENS document tokens."""
+    return not masked and (Nq > 1 or Lq > 128 or doc_tokens >= WS_ONE_BLOCK_MIN_TOKENS)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -322,7 +322,7 @@ def maxsim_forward(
 
     doc_tokens = D.shape[0] * Nd * Ld
     ws_ok = warp_specialize_ok(Q, D, normalize, interpret, device_index) and \
-        warp_specialize_pays(Nq, Lq, doc_tokens)
+        warp_specialize_pays(Nq, Lq, doc_tokens, masked=qm is not None or dm is not None)
     if config is not None and config.warp_specialized and not ws_ok:
         config = None  # (a tuned or given Gluon configuration, for a call it cannot run)
     if config is None:

@@ -49,6 +49,8 @@ HALF = gl.constexpr(HALF_ROWS)  # launch plan's arithmetic would specialise the 
 # Registers per thread at launch: 12 warps (two consumer warpgroups, the producer's) x 168 fit the
 # 64K register file; setmaxnreg then gives the consumers 232-248 and the producer 24.
 WS_MAXNREG = 168
+# MMAs per tile (SUB of _consumer), without and with the argmax.
+WS_SUB_TILES = {False: 1, True: 2}
 
 
 @gluon.jit
@@ -69,28 +71,37 @@ def _argmax_combine(v1, i1, v2, i2):
 
 @gluon.jit
 def _argmax_step(v1, i1, v2, i2):
-    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax), in 3 instructions an
-    element pair instead of 5 (max, integer compare, select): the value is the NaN-propagating max
-    (a canonical NaN), and v2 is taken when that max's bits differ from v1's. So a NaN wins and the
-    first of several keeps its place, and equal values keep the lower index, except +0 after -0:
-    the max of the two is +0 and the later one is taken. (A similarity is -0 only when every
-    product of its dot is -0, and in the multiply mask rule's zeros, which the kernel makes +0.)"""
+    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax), indices as fp32 (exact
+    below 2^24): the value is the NaN-propagating max; v2 is taken when it is strictly greater
+    (IEEE, so ties, -0 against +0 included, keep the lower index). The compare is FSET.BF, which
+    writes 1.0 or 0.0 to a register, and the index select is an FMA, i1 + take * (i2 - i1).
+    So no predicate registers (there are 7: the former predicated selects queued on them) and
+    half of the work on the FMA pipe instead of the half-rate ALU one. The cost: where a NaN is
+    the max, the index is that of some token of the tile, not always the NaN's (a NaN after a
+    number does not win the compare); the score is NaN either way."""
     m = _max_nan(v1, v2)
-    return m, gl.where(m.to(gl.int32, bitcast=True) != v1.to(gl.int32, bitcast=True), i2, i1)
+    # As inline PTX: written as (v2 > v1).to(float), the compiler turns the first level (constant
+    # indices) back into a predicate and a select.
+    take2 = gl.inline_asm_elementwise("set.gt.f32.f32 $0, $1, $2;", "=r,r,r", [v2, v1],
+                                      dtype=gl.float32, is_pure=True, pack=1)
+    return m, i1 + take2 * (i2 - i1)
 
 
 @gluon.jit
 def _thread_argmax(s, k, HALF: gl.constexpr, BN: gl.constexpr):
-    """s [HALF, BN] similarities in the wgmma layout, k [HALF, 8, BN // 8] int32 (k, in the view
-    below) -> (max, its k) [HALF, 8] for each column class j: the columns 8 k + j of a row.
+    """s [HALF, BN] similarities in the wgmma layout, k [HALF, 8, BN // 8] fp32 (k, in the view
+    below) -> (max, its k as fp32) [HALF, 8] for each column class j: the columns 8 k + j of a row.
     A thread of the wgmma layout holds every k of its (row, j) pairs, so this is all registers, no
     shuffles; a pairwise tree (adjacent k, the lower on the left), so the instructions of one
-    level are independent. What it costs is issue slots: compares and selects issue at half the
-    FMA rate, and the epilogue must fit in the other consumer's MMA. At in-batch 128 x 128 the
-    training forward took 1.20 ms with 5 instructions an element (a chain), 1.19-1.21 with 4 (this
-    tree, exact for -0), 0.917-0.924 with 3 (_argmax_step), against 0.99 for the former winning-tile
-    method (benchmarks/results/ws-train-20261129-1904.log, ws-20261129-1912.log,
-    ws-bwd-20261129-1919.log)."""
+    level are independent. At in-batch 128 x 128 the training forward took 1.20 ms with 5
+    instructions an element (a chain), 1.19-1.21 with 4, 0.917-0.924 with 3 (max, bit compare,
+    select), 0.91-0.95 with this step (max and FSET on the ALU pipe, the index by FMA), against 0.99
+    for the former winning-tile method and 0.66-0.68 without the argmax; the tree of maxima alone
+    took 0.70 (benchmarks/probe_ws_argmax.py; results/ws-train-20261129-1904.log, ws-20261129-1912.log,
+    ws-bwd-20261129-1919.log, ws-argmax-20261129-2*.log). So what the index costs is not the
+    count of half-rate instructions, nor the epilogue's latency (two MMAs a tile, SUB = 2, overlap it
+    with the tensor cores and gain 1-3 %), nor the MMA's register operand (from shared memory it
+    is slower)."""
     v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
     i = k
     for lvl in gl.static_range(6):
@@ -166,22 +177,65 @@ def _producer(d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, doc
 
 
 @gluon.jit
+def _tile_update(b_s, b_qm, dmask_ptr, j, c0, o_n, Ld, o_k, o_j, b_max, r_val, r_col, b_seen,
+                 HALF: gl.constexpr, NS: gl.constexpr, HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr,
+                 MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr):
+    """Folds similarities ``b_s [HALF, NS]`` (document j's tokens c0 .. c0 + NS) into the running
+    state: the row max ``b_max [HALF]``, or with SAVE_ARGMAX the per-thread best (value, column)
+    ``r_val, r_col [HALF, 8]``; ``b_seen``: any real token so far (HAS_DMASK). Applies the mask rule."""
+    NEG_INF: gl.constexpr = float("-inf")
+    o_t = c0 + o_n  # [NS] document tokens
+    m_t = o_t < Ld  # columns past Ld belong to the next document
+    ragged = c0 + NS > Ld
+    if MULTIPLY:
+        # PyLate's rule: masked similarities become 0 and still take part in the max.
+        if HAS_QMASK:
+            b_s = b_s * b_qm.to(gl.float32)[:, None]
+        if HAS_DMASK:
+            b_dm = gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0
+            b_s = b_s * b_dm.to(gl.float32)[None, :]
+        if ragged:
+            b_s = gl.where(m_t[None, :], b_s, NEG_INF)
+    elif HAS_DMASK:
+        b_dm = (gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0) & m_t
+        b_s = gl.where(b_dm[None, :], b_s, NEG_INF)
+        b_seen = gl.maximum(b_seen, gl.max(b_dm.to(gl.int32), axis=0))
+    elif ragged:
+        # Only the ragged last tile pays for the bounds mask.
+        b_s = gl.where(m_t[None, :], b_s, NEG_INF)
+    if SAVE_ARGMAX:
+        t_val, t_k = _thread_argmax(b_s, o_k, HALF, NS)  # [HALF, 8]
+        # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
+        upd = (t_val > r_val) | ((t_val != t_val) & (r_val == r_val))
+        r_val = gl.where(upd, t_val, r_val)
+        r_col = gl.where(upd, c0.to(gl.float32) + t_k * 8.0 + o_j, r_col)  # fp32 column
+    else:
+        b_max = _max_nan(b_max, gl.reduce(b_s, 1, _max_nan))  # [HALF]
+    return b_max, r_val, r_col, b_seen
+
+
+@gluon.jit
 def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
               qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
               pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
               BN: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
               HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr,
-              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
+              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, SUB: gl.constexpr):
     """One warpgroup: MMAs of its query block ``q_smem [HALF, d]`` against the ring's tiles, in turn
     with the other consumer, and the max epilogue: scores [n_chunks?, Nq, Nd], argmax [Nq, Nd, Lq].
     The mask rules, NaN propagation and the argmax (lowest index among ties, -1 where nothing wins)
-    are those of forward.py."""
+    are those of forward.py.
+
+    SUB = 2 cuts each tile's MMA into two of NS = BN / 2 columns, issued together: the epilogue of
+    the first half runs while the tensor cores compute the second, so a long epilogue (the argmax)
+    hides behind this consumer's own MMA as well as the other consumer's."""
     QPB: gl.constexpr = HALF // SEG
     NEG_INF: gl.constexpr = float("-inf")
+    NS: gl.constexpr = BN // SUB  # columns of one MMA
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BN, 16])
+                                                         instr_shape=[16, NS, 16])
     rows: gl.constexpr = gl.SliceLayout(1, mma_layout)  # [HALF] vectors
-    cols: gl.constexpr = gl.SliceLayout(0, mma_layout)  # [BN] vectors
+    cols: gl.constexpr = gl.SliceLayout(0, mma_layout)  # [NS] vectors
     per_query: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # [QPB, SEG]
     if SPLIT_DOCS:
         STEP: gl.constexpr = 2
@@ -202,11 +256,11 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         b_qm = gl.load(qmask_ptr + o_q.to(gl.int64) * Lq + o_s, mask=m_row, other=0) != 0  # [HALF]
     else:
         b_qm = m_row
-    o_n = gl.arange(0, BN, cols)
+    o_n = gl.arange(0, NS, cols)
     o_qb = i_qgroup * QPB + gl.arange(0, QPB, gl.SliceLayout(1, per_query))  # [QPB]
     m_qb = (o_qb < Nq) & active
 
-    zero = gl.zeros([HALF, BN], gl.float32, mma_layout)
+    zero = gl.zeros([HALF, NS], gl.float32, mma_layout)
     if Q_IN_REGS:
         # The query block as the MMA's register operand: each MMA then reads only the document
         # tile from shared memory (at BN = 64, reading both would cap the tensor cores).
@@ -222,17 +276,18 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         # reduced once per document. State: 2 x 8 registers, which lets BN = 128 fit beside the
         # accumulator (the former winning-tile method held a second [HALF, BN] tile: BN = 64, and
         # 0.99 ms at in-batch 128 x 128, benchmarks/results/ws-20261129-1826.log).
-        by_j: gl.constexpr = gl.permute(gl.reshape(zero, [HALF, BN // 8, 8]), (0, 2, 1)).type.layout
-        o_k = gl.arange(0, BN // 8, gl.SliceLayout(0, gl.SliceLayout(1, by_j)))[None, None, :]
-        o_k = o_k + gl.zeros([HALF, 8, BN // 8], gl.int32, by_j)  # [HALF, 8, BN // 8] (constants)
+        by_j: gl.constexpr = gl.permute(gl.reshape(zero, [HALF, NS // 8, 8]), (0, 2, 1)).type.layout
+        o_k = gl.arange(0, NS // 8, gl.SliceLayout(0, gl.SliceLayout(1, by_j)))[None, None, :]
+        o_k = (o_k + gl.zeros([HALF, 8, NS // 8], gl.int32, by_j)).to(gl.float32)  # [HALF, 8, NS // 8] (constants)
         # best similarity of each (row, j) in this document, and its document token
-        r_val, r_col = _thread_argmax(gl.full([HALF, BN], NEG_INF, gl.float32, mma_layout), o_k, HALF, BN)
+        r_val, r_col = _thread_argmax(gl.full([HALF, NS], NEG_INF, gl.float32, mma_layout), o_k, HALF, NS)
         per_j: gl.constexpr = r_val.type.layout  # [HALF, 8]
-        o_j = gl.arange(0, 8, gl.SliceLayout(0, per_j))[None, :]  # [1, 8]
-    if HAS_DMASK:
-        # any real token in this document so far (reduced every tile: a [BN] vector would take BN / 4
-        # registers, which the argmax at BN = 128 does not have)
-        b_seen = gl.max(gl.zeros([BN], gl.int32, cols), axis=0)
+        o_j = gl.arange(0, 8, gl.SliceLayout(0, per_j))[None, :].to(gl.float32)  # [1, 8]
+    else:
+        o_k, o_j, r_val, r_col = 0, 0, b_max, b_max  # unused
+    # any real token in this document so far (HAS_DMASK; reduced every tile: a [NS] vector would
+    # take NS / 4 registers, which the argmax at BN = 128 does not have)
+    b_seen = gl.max(gl.zeros([NS], gl.int32, cols), axis=0)
 
     for t in range(n):
         k = t * STEP + OFF
@@ -245,49 +300,41 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                 mbarrier.wait(turn.index(0), (t - 1) & 1, pred=(t > 0) & (t <= n_other))
             else:
                 mbarrier.wait(turn.index(1), t & 1, pred=t < n_other)
-            acc = warpgroup_mma(q_op, d_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            tile = d_smem.index(slot)  # [BN, d]
+            if SUB == 1:
+                acc0 = warpgroup_mma(q_op, tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+            else:
+                acc0 = warpgroup_mma(q_op, tile.slice(0, NS).permute((1, 0)), zero, use_acc=False, is_async=True)
+                acc1 = warpgroup_mma(q_op, tile.slice(NS, NS).permute((1, 0)), zero, use_acc=False, is_async=True)
             mbarrier.arrive(turn.index(1 - h), count=1)
-            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # [HALF, BN]
-            mbarrier.arrive(empty.index(slot), count=1)
 
             j = start + t // n_tiles  # document
             i_t = t % n_tiles  # its tile
-            o_t = i_t * BN + o_n  # [BN] document tokens
-            m_t = o_t < Ld  # columns past Ld belong to the next document
-            if MULTIPLY:
-                # PyLate's rule: masked similarities become 0 and still take part in the max.
-                if HAS_QMASK:
-                    b_s = b_s * b_qm.to(gl.float32)[:, None]
-                if HAS_DMASK:
-                    b_dm = gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0
-                    b_s = b_s * b_dm.to(gl.float32)[None, :]
-                if SAVE_ARGMAX:
-                    b_s = b_s + 0.0  # -0 (a negative similarity times 0) becomes +0: see _argmax_step
-                if (i_t + 1) * BN > Ld:
-                    b_s = gl.where(m_t[None, :], b_s, NEG_INF)
-            elif HAS_DMASK:
-                b_dm = (gl.load(dmask_ptr + j.to(gl.int64) * Ld + o_t, mask=m_t, other=0) != 0) & m_t
-                b_s = gl.where(b_dm[None, :], b_s, NEG_INF)
-                b_seen = gl.maximum(b_seen, gl.max(b_dm.to(gl.int32), axis=0))
-            elif (i_t + 1) * BN > Ld:
-                # Only the ragged last tile pays for the bounds mask.
-                b_s = gl.where(m_t[None, :], b_s, NEG_INF)
-
-            if SAVE_ARGMAX:
-                t_val, t_k = _thread_argmax(b_s, o_k, HALF, BN)  # [HALF, 8]
-                # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
-                upd = (t_val > r_val) | ((t_val != t_val) & (r_val == r_val))
-                r_val = gl.where(upd, t_val, r_val)
-                r_col = gl.where(upd, i_t * BN + t_k * 8 + o_j, r_col)
-            else:
-                b_max = _max_nan(b_max, gl.reduce(b_s, 1, _max_nan))  # [HALF]
+            b_s = warpgroup_mma_wait(num_outstanding=SUB - 1, deps=(acc0,))  # [HALF, NS]
+            if SUB == 1:
+                mbarrier.arrive(empty.index(slot), count=1)
+            b_max, r_val, r_col, b_seen = _tile_update(
+                b_s, b_qm, dmask_ptr, j, i_t * BN, o_n, Ld, o_k, o_j, b_max, r_val, r_col, b_seen,
+                HALF, NS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX)
+            if SUB == 2:
+                # A block boundary before the second wait: in one block with the first half's
+                # update, ptxas issues the wait first, and then nothing overlaps. Both paths wait
+                # (else ptxas serializes the MMAs); their operands differ so that they stay apart.
+                if Ld > 0:
+                    b_s = warpgroup_mma_wait(num_outstanding=0, deps=(acc1,))
+                else:
+                    b_s, o_n = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, o_n))
+                mbarrier.arrive(empty.index(slot), count=1)
+                b_max, r_val, r_col, b_seen = _tile_update(
+                    b_s, b_qm, dmask_ptr, j, i_t * BN + NS, o_n, Ld, o_k, o_j, b_max, r_val, r_col, b_seen,
+                    HALF, NS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX)
 
             if i_t == n_tiles - 1:
                 # Document j is complete: one max per query token, one sum per query.
                 if SAVE_ARGMAX:
                     b_max, b_idx = gl.reduce((r_val, r_col), 1, _argmax_combine)  # [HALF]
                     b_max = gl.convert_layout(b_max, rows)
-                    b_idx = gl.convert_layout(b_idx, rows)
+                    b_idx = gl.convert_layout(b_idx.to(gl.int32), rows)
                 m_keep = m_row
                 if HAS_QMASK and not MULTIPLY:
                     m_keep = m_keep & b_qm
@@ -305,9 +352,8 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                     b_idx = gl.where(m_arg, b_idx, -1)
                     gl.store(argmax_ptr + (o_q.to(gl.int64) * Nd + j) * Lq + o_s, b_idx, mask=m_row)
                     r_val = gl.full([HALF, 8], NEG_INF, gl.float32, per_j)
-                    r_col = gl.zeros([HALF, 8], gl.int32, per_j)
-                if HAS_DMASK:
-                    b_seen = gl.max(gl.zeros([BN], gl.int32, cols), axis=0)
+                    r_col = gl.zeros([HALF, 8], gl.float32, per_j)
+                b_seen = gl.max(gl.zeros([NS], gl.int32, cols), axis=0)
                 b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
         else:
             mbarrier.arrive(empty.index(slot), count=1)
@@ -321,7 +367,7 @@ def _maxsim_fwd_ws_kernel(
     stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
     BN: gl.constexpr, BK: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
     HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr,
-    Q_IN_REGS: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, SUB: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """d_desc: TMA descriptor of D as [Nd * Ld, BK], block [BN, BK]; masks bool [Nq, Lq] and
@@ -362,10 +408,10 @@ def _maxsim_fwd_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, q_smem.index(0), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
                      pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
-                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB)),
         (_consumer, (1, q_smem.index(0 if SPLIT_DOCS else 1), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr,
                      out_ptr, argmax_ptr, pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
-                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS)),
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB)),
         (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
                      BN, STAGES, SPLIT_DOCS)),
     ], [4, 1], [232, 24])  # registers: consumer 1 and the producer (the kernel runs at maxnreg=168)
@@ -396,6 +442,7 @@ def tma_ready(D: torch.Tensor) -> bool:
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
+                      sub_tiles: int | None = None,
                       argmax_out: torch.Tensor | None = None,
                       poison: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
@@ -404,7 +451,8 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     the contract of ``maxsim.maxsim`` within this kernel's scope (module docstring). BN: document
     tokens per tile (128).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
-    query block as the MMA's register operand. Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
+    query block as the MMA's register operand. sub_tiles: MMAs per tile, 1 or 2 (None:
+    ``WS_SUB_TILES``). Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
     fails to write cannot pass for a result."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
             or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
@@ -437,6 +485,6 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1),
         BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
         HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
-        Q_IN_REGS=q_in_regs, num_warps=4, maxnreg=WS_MAXNREG,
+        Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], num_warps=4, maxnreg=WS_MAXNREG,
     )
     return (out if n_chunks == 1 else out.sum(0)), argmax
