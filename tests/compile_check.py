@@ -25,6 +25,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from maxsim.dense.backward import (
+    OWNED_BLOCK,
+    _csr_count_kernel,
     _maxsim_bwd_gather_kernel,
     _maxsim_bwd_lists_kernel,
     _maxsim_bwd_owned_kernel,
@@ -122,10 +124,13 @@ def backward_variants():
         yield f"bwd gather cand={cand} norm={norm} scatter={scatter}", _maxsim_bwd_gather_kernel, c, gptrs, 4
     yield "bwd gather d=1024", _maxsim_bwd_gather_kernel, dict(BS=8, BD=1024, CANDIDATES=False, NORMALIZE=False,
                                                               SCATTER_D=True), gptrs, 8
-    optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i64", rowptr_ptr="i64", dinv_ptr="fp32",
+    optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i32", rowptr_ptr="i32", dinv_ptr="fp32",
                  qinv_ptr="fp32", gd_ptr="bf16")
     for norm in (False, True):
-        yield f"bwd owned norm={norm}", _maxsim_bwd_owned_kernel, dict(BD=128, NORMALIZE=norm), optrs, 1
+        yield f"bwd owned norm={norm}", _maxsim_bwd_owned_kernel, dict(BE=OWNED_BLOCK, BD=128, NORMALIZE=norm), optrs, 4
+    cptrs = dict(arg_ptr="i32", counts_ptr="i32", rowptr_ptr="i32", order_ptr="i32")
+    for place in (False, True):
+        yield f"bwd counting sort place={place}", _csr_count_kernel, dict(PLACE=place, BLOCK=1024), cptrs, 4
     lptrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", arg_ptr="i32", qinv_ptr="fp32", dinv_ptr="fp32",
                  gd_ptr="bf16")
     for norm in (False, True):

@@ -197,3 +197,41 @@ def test_eager_training_skips_the_dispatcher():
     assert through_ops.seen == ["dense_forward.default", "dense_backward.default"]
     torch.testing.assert_close(Q.grad, Q2.grad)
     torch.testing.assert_close(D.grad, D2.grad)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_lowmem_owned_sum_ignores_the_placement_order(normalize):
+    # On the GPU the counting sort's atomics leave each row's entries in any order; the owned
+    # kernel must sum them in ascending entry order anyway (bitwise the same grad_D). One token
+    # wins for almost every query token, so its rows hold far more entries than one block
+    # (OWNED_BLOCK) and take the multi-pass path.
+    from maxsim.dense import backward as B
+    from maxsim.dense.forward import maxsim_forward
+
+    gen = torch.Generator().manual_seed(5)
+    Q = (torch.randn(5, 33, 32, generator=gen) + 2).to(KERNEL_DEVICE)  # a shared direction
+    D = torch.randn(1, 4, 40, 32, generator=gen).to(KERNEL_DEVICE)
+    D[:, :, 3] = 2  # along it: token 3 wins for (almost) every query token
+    _, argmax = maxsim_forward(Q, D, None, None, save_argmax=True)
+    g = torch.randn(5, 4, generator=gen).to(KERNEL_DEVICE)
+    qinv = B._inverse_norms(Q) if normalize else g
+    dinv = B._inverse_norms(D) if normalize else g
+    n_docs, Ld = 4, 40
+    counts = torch.zeros(n_docs * Ld, dtype=torch.int32, device=KERNEL_DEVICE)
+    rowptr = torch.zeros(n_docs * Ld + 1, dtype=torch.int32, device=KERNEL_DEVICE)
+    order = torch.empty(5 * n_docs * 33, dtype=torch.int32, device=KERNEL_DEVICE)
+    B.invert_argmax(argmax, 0, n_docs, Ld, counts, rowptr, order)
+    assert int(counts.abs().sum()) == 0 and int((rowptr[1:] - rowptr[:-1]).max()) > 2 * B.OWNED_BLOCK
+    grads = []
+    for shuffle in (False, True):
+        o = order.clone()
+        if shuffle:  # a different order within every row
+            for r in range(n_docs * Ld):
+                a, b = int(rowptr[r]), int(rowptr[r + 1])
+                o[a:b] = o[a:b][torch.randperm(b - a, generator=gen).to(KERNEL_DEVICE)]
+        gd = torch.empty_like(D)
+        B.sum_owned_rows(g, Q, D, o, rowptr, qinv, dinv, gd, 0, n_docs, normalize, 32)
+        grads.append(gd)
+    assert torch.equal(grads[0], grads[1])
+    _, ref = B.maxsim_backward(g, Q, D, argmax, normalize=normalize, strategy="unified")
+    assert rel_err(grads[0], ref) < 1e-5

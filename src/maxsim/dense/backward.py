@@ -16,9 +16,10 @@ Two strategies for grad_D:
 - ``lowmem``: grad_Q from the same gather kernel without the scatter; grad_D destination-owned,
   written once in the input dtype, with no atomics and no fp32 buffer of D's size, bitwise
   deterministic:
-  - cross product: the argmax is inverted (a stable sort of destinations, a chunk of documents
-    at a time, so its scratch stays small) and one program per document token sums its own
-    contributions in a fixed order;
+  - cross product: the argmax is inverted by a counting sort (integer atomics count and place
+    each entry under its destination row, a chunk of documents at a time, so the scratch stays
+    small) and one program per document token sums its own contributions in ascending entry
+    order, whatever order the placement left them in;
   - candidate lists: each document belongs to one query, so a tile of its tokens is a one-hot
     matmul over that query's tokens, on the tensor cores, with no inverse map at all.
 """
@@ -29,19 +30,21 @@ import torch
 import triton
 import triton.language as tl
 
-from maxsim._csr import group_by_row
 from maxsim._dispatch import interpreting
 from maxsim._launch import DEFAULT_STAGES, launch
 from maxsim._tuning import next_pow2
 
 # Scratch of the lowmem inverse map, per chunk of documents: a fraction of what the step must hold
 # anyway (the gradients and the argmax), so that lowmem's peak stays within 10 % of that, between
-# a floor (few launches on small shapes) and a cap. An entry costs its int32 destination, the
-# sort's double-buffered int32 keys and int64 values, and the sorted keys and int64 order it returns.
+# a floor (few launches on small shapes) and a cap. An entry costs its int32 id in the order; a
+# destination row its int32 count and its int32 offset.
 LOWMEM_SCRATCH_FRACTION = 0.06
 LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
 LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
-LOWMEM_BYTES_PER_ENTRY = 4 + 2 * (4 + 8) + 4 + 8
+LOWMEM_BYTES_PER_ENTRY = 4
+LOWMEM_BYTES_PER_ROW = 8
+# Entries a lowmem program sums at once (one sorted block); rows with more take several passes.
+OWNED_BLOCK = 32
 
 
 @triton.jit
@@ -105,37 +108,88 @@ def _maxsim_bwd_gather_kernel(
     tl.store(gq_ptr + (i_q * Lq + o_s)[:, None] * dim + o_d[None, :], b_acc.to(gq_ptr.dtype.element_ty), mask=m_sd)
 
 
+@triton.jit(do_not_specialize=["Nd", "Lq", "Ld", "row0", "n_docs", "n_entries"])
+def _csr_count_kernel(arg_ptr, counts_ptr, rowptr_ptr, order_ptr, Nd, Lq, Ld, row0, n_docs, n_entries,
+                      PLACE: tl.constexpr, BLOCK: tl.constexpr):
+    """Counting sort of a chunk's entries by destination row (cross product, lowmem), BLOCK entries
+    a program. Entry e = (i * n_docs + doc) * Lq + s stands for query i's token s in document
+    row0 + doc; its destination row is doc * Ld + argmax[i, row0 + doc, s] (none where that is -1).
+
+    argmax [Nq, Nd, Lq] int32; counts [n_docs * Ld] int32. Pass 1 (PLACE false) counts each row's
+    entries. Pass 2, given rowptr [n_docs * Ld + 1] int32 (the counts' exclusive prefix sum),
+    counts them back down and writes each entry id into ``order`` at rowptr[row] + (its count - 1):
+    every row's ids land in its own segment, in an order the atomics decide."""
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] entry ids
+    m = e < n_entries
+    per_query = n_docs * Lq
+    i_q = e // per_query
+    rest = e % per_query  # doc * Lq + s
+    b_t = tl.load(arg_ptr + (i_q * Nd + row0) * Lq + rest, mask=m, other=-1)  # [BLOCK] winners
+    live = m & (b_t >= 0)
+    key = (rest // Lq) * Ld + b_t  # destination rows
+    if PLACE:
+        c = tl.atomic_add(counts_ptr + key, -1, mask=live, sem="relaxed")
+        pos = tl.load(rowptr_ptr + key, mask=live, other=0) + c - 1
+        tl.store(order_ptr + pos, e.to(tl.int32), mask=live)
+    else:
+        tl.atomic_add(counts_ptr + key, 1, mask=live, sem="relaxed")
+
+
+@triton.jit
+def _smallest_of_both(a, b, BE: tl.constexpr):
+    """The BE smallest of two [BE] int32 vectors, ascending."""
+    both = tl.sort(tl.reshape(tl.join(a, b), [2 * BE]))  # [2 BE] ascending
+    lo, _ = tl.split(tl.permute(tl.reshape(both, [2, BE]), (1, 0)))
+    return lo
+
+
 @triton.jit(do_not_specialize=["Nd", "Lq", "Ld", "row0", "n_docs"])
 def _maxsim_bwd_owned_kernel(
     q_ptr, d_ptr, g_ptr, order_ptr, rowptr_ptr, dinv_ptr, qinv_ptr, gd_ptr,
     Nd, Lq, Ld, dim, row0, n_docs,
     stride_dn, stride_dl,
-    BD: tl.constexpr, NORMALIZE: tl.constexpr,
+    BE: tl.constexpr, BD: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
     """Cross product, lowmem grad_D: one program per document token of a chunk of ``n_docs``
-    documents starting at ``row0``; sums its contributions in sorted order.
+    documents starting at ``row0``, summing its contributions ``g[i, doc] * Q[i, s]``.
 
-    order: entry ids sorted by destination (entry = (i * n_docs + doc) * Lq + s);
-    rowptr [n_docs * Ld + 1]: CSR offsets. grad_D [1, Nd, Ld, d] in D's dtype, written once per row.
+    order [E] int32: entry ids grouped by destination (entry = (i * n_docs + doc) * Lq + s), in any
+    order within a row; rowptr [n_docs * Ld + 1] int32: CSR offsets. Each pass takes the BE
+    smallest ids above the last pass's and sums them as one sorted block, so the sum runs in
+    ascending entry order whatever order the placement left: bitwise deterministic (a row of c
+    entries costs ceil(c / BE)^2 merges; rows hold about Nq * Lq / Ld). grad_D [1, Nd, Ld, d] in
+    D's dtype, written once per row.
     """
+    BIG: tl.constexpr = 2**31 - 1
     r = tl.program_id(0)
     o_d = tl.arange(0, BD)
     m_d = o_d < dim
+    o_e = tl.arange(0, BE)
     doc = (row0 + r // Ld).to(tl.int64)
     t = r % Ld
     p_row = d_ptr + doc * stride_dn + t * stride_dl
     e0 = tl.load(rowptr_ptr + r)
     e1 = tl.load(rowptr_ptr + r + 1)
+    n_blocks = tl.cdiv(e1 - e0, BE)
     b_acc = tl.zeros([BD], dtype=tl.float32)
-    for e in range(e0, e1):
-        ent = tl.load(order_ptr + e)  # int64
+    last = -1
+    for _pass in range(n_blocks):
+        best = tl.full([BE], BIG, tl.int32)  # the BE smallest ids above `last`, ascending
+        for blk in range(n_blocks):
+            o = e0 + blk * BE + o_e
+            x = tl.load(order_ptr + o, mask=o < e1, other=BIG)
+            best = _smallest_of_both(best, tl.where(x > last, x, BIG), BE)
+        valid = best != BIG
+        ent = best.to(tl.int64)
         s = ent % Lq
         i_q = ent // (n_docs * Lq)
-        w = tl.load(g_ptr + i_q * Nd + doc)
-        b_q = tl.load(q_ptr + (i_q * Lq + s) * dim + o_d, mask=m_d, other=0.0).to(tl.float32)
+        w = tl.load(g_ptr + i_q * Nd + doc, mask=valid, other=0.0)  # [BE]
+        b_q = tl.load(q_ptr + (i_q * Lq + s)[:, None] * dim + o_d[None, :],
+                      mask=valid[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BE, BD]
         if NORMALIZE:
-            b_q = b_q * tl.load(qinv_ptr + i_q * Lq + s)
-        b_acc += w * b_q
+            b_q = b_q * tl.load(qinv_ptr + i_q * Lq + s, mask=valid, other=0.0)[:, None]
+        b_acc += tl.sum(w[:, None] * b_q, axis=0)
+        last = tl.max(tl.where(valid, best, -1), axis=0)
     if NORMALIZE:
         # G . d_hat, then the Jacobian of d / |d|.
         dinv = tl.load(dinv_ptr + doc * Ld + t)
@@ -321,25 +375,47 @@ def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD):
 
 
 def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD):
-    """lowmem grad_D for the cross product: invert the argmax a chunk of documents at a time
-    (entries grouped by destination row), then one program per document token."""
+    """lowmem grad_D for the cross product: invert the argmax a chunk of documents at a time (a
+    counting sort), then one program per document token."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
-    entries_per_doc = Nq * Lq
     must_hold = Q.numel() * Q.element_size() + D.numel() * D.element_size() + argmax.numel() * 4
     budget = min(LOWMEM_MAX_CHUNK_BYTES, max(LOWMEM_MIN_CHUNK_BYTES, int(LOWMEM_SCRATCH_FRACTION * must_hold)))
-    chunk = max(1, min(Nd, budget // (LOWMEM_BYTES_PER_ENTRY * entries_per_doc)))
-    local = torch.arange(chunk, device=D.device, dtype=torch.int32)[None, :, None] * Ld  # [1, chunk, 1]
+    chunk = max(1, min(Nd, budget // (LOWMEM_BYTES_PER_ENTRY * Nq * Lq + LOWMEM_BYTES_PER_ROW * Ld)))
+    counts = torch.zeros(chunk * Ld, dtype=torch.int32, device=D.device)  # back to 0 after each chunk
+    rowptr = torch.zeros(chunk * Ld + 1, dtype=torch.int32, device=D.device)
+    order = torch.empty(Nq * chunk * Lq, dtype=torch.int32, device=D.device)
     for row0 in range(0, Nd, chunk):
         n_docs = min(chunk, Nd - row0)
-        a = argmax[:, row0:row0 + n_docs]  # [Nq, n_docs, Lq]
-        sentinel = n_docs * Ld
-        dest = torch.where(a >= 0, local[:, :n_docs] + a, sentinel).flatten()  # int32 destination rows
-        order, rowptr = group_by_row(dest, sentinel)
-        launch(
-            _maxsim_bwd_owned_kernel, (n_docs * Ld,),
-            (Q, D, g, order, rowptr, dinv, qinv, grad_D, Nd, Lq, Ld, d, row0, n_docs, D.stride(1), D.stride(2)),
-            dict(BD=BD, NORMALIZE=normalize), num_warps=1 if BD <= 128 else 4, num_stages=DEFAULT_STAGES,
-        )
+        invert_argmax(argmax, row0, n_docs, Ld, counts, rowptr, order)
+        sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, normalize, BD)
     return grad_D
+
+
+def invert_argmax(argmax, row0, n_docs, Ld, counts, rowptr, order):
+    """The inverse map of documents row0 .. row0 + n_docs (cross product): ``order`` holds entry ids
+    (_csr_count_kernel's numbering) grouped by destination row, ``rowptr [n_docs * Ld + 1]`` int32
+    their CSR offsets; within a row the order is the atomics'. counts: int32 zeros, left zero."""
+    Nq, Nd, Lq = argmax.shape
+    n_entries, n_rows = Nq * n_docs * Lq, n_docs * Ld
+    BLOCK = 1024
+    for place in (False, True):
+        if place:
+            torch.cumsum(counts[:n_rows], 0, dtype=torch.int32, out=rowptr[1:n_rows + 1])
+        launch(
+            _csr_count_kernel, (-(-n_entries // BLOCK),),
+            (argmax, counts, rowptr, order, Nd, Lq, Ld, row0, n_docs, n_entries),
+            dict(PLACE=place, BLOCK=BLOCK), num_warps=4, num_stages=DEFAULT_STAGES,
+        )
+
+
+def sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, normalize, BD):
+    """grad_D's rows of documents row0 .. row0 + n_docs from their inverse map (invert_argmax)."""
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[1], D.shape[2]
+    launch(
+        _maxsim_bwd_owned_kernel, (n_docs * Ld,),
+        (Q, D, g, order, rowptr, dinv, qinv, grad_D, Nd, Lq, Ld, d, row0, n_docs, D.stride(1), D.stride(2)),
+        dict(BE=OWNED_BLOCK, BD=BD, NORMALIZE=normalize), num_warps=4, num_stages=DEFAULT_STAGES,
+    )
