@@ -26,6 +26,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from maxsim.dense.backward import (
     OWNED_BLOCK,
+    OWNED_WARPS,
     _csr_count_kernel,
     _maxsim_bwd_gather_kernel,
     _maxsim_bwd_lists_kernel,
@@ -127,7 +128,8 @@ def backward_variants():
     optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i32", rowptr_ptr="i32", dinv_ptr="fp32",
                  qinv_ptr="fp32", gd_ptr="bf16")
     for norm in (False, True):
-        yield f"bwd owned norm={norm}", _maxsim_bwd_owned_kernel, dict(BE=OWNED_BLOCK, BD=128, NORMALIZE=norm), optrs, 4
+        yield f"bwd owned norm={norm}", _maxsim_bwd_owned_kernel, dict(BE=OWNED_BLOCK, BD=128, NORMALIZE=norm), optrs, \
+            OWNED_WARPS
     cptrs = dict(arg_ptr="i32", counts_ptr="i32", rowptr_ptr="i32", order_ptr="i32")
     for place in (False, True):
         yield f"bwd counting sort place={place}", _csr_count_kernel, dict(PLACE=place, BLOCK=1024), cptrs, 4

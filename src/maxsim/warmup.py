@@ -65,7 +65,8 @@ def _compile_big_corpus_variant(Q, D, qm, dm, normalize, candidates):
     Nq, Lq, d = Q.shape
     D4 = D if candidates else D.unsqueeze(0)
     dm4 = None if dm is None else (dm if candidates else dm.unsqueeze(0))
-    ws = warp_specialize_ok(Q, D4, normalize, False, cuda_index(Q))
+    # (masked calls never take the warp-specialized kernel: _tuning.warp_specialize_pays)
+    ws = warp_specialize_ok(Q, D4, normalize, False, cuda_index(Q)) and qm is None and dm is None
     small = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=False, warp_specialize=ws)
     big = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=True, warp_specialize=ws)
     if big != small:

@@ -45,6 +45,7 @@ LOWMEM_BYTES_PER_ENTRY = 4
 LOWMEM_BYTES_PER_ROW = 8
 # Entries a lowmem program sums at once (one sorted block); rows with more take several passes.
 OWNED_BLOCK = 32
+OWNED_WARPS = 1  # one warp a document token: the sort and the sum stay in the warp
 
 
 @triton.jit
@@ -417,5 +418,5 @@ def sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, nor
     launch(
         _maxsim_bwd_owned_kernel, (n_docs * Ld,),
         (Q, D, g, order, rowptr, dinv, qinv, grad_D, Nd, Lq, Ld, d, row0, n_docs, D.stride(1), D.stride(2)),
-        dict(BE=OWNED_BLOCK, BD=BD, NORMALIZE=normalize), num_warps=4, num_stages=DEFAULT_STAGES,
+        dict(BE=OWNED_BLOCK, BD=BD, NORMALIZE=normalize), num_warps=OWNED_WARPS, num_stages=DEFAULT_STAGES,
     )
