@@ -94,8 +94,9 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
     - many query rows (>= 256) on a big corpus at d = 128, where the Gluon kernel can run: the warp-specialized
       kernel, BN=128 (also with the argmax: its state is 16 registers a thread), a ring of 4
       tiles, one program per multiprocessor: in-batch 128 x 128 0.660 against 0.904 ms, ColPali
-      1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.917-0.924 against
-      1.13 (0.99 with the former winning-tile argmax at BN=64);
+      1 x 1K 0.342 against 0.477, 32 x 100K 4.98 against 6.05, with the argmax 0.91-0.92 against
+      1.07-1.13 (0.99 with the former winning-tile argmax at BN=64); masked calls never (the caller's
+      :func:`warp_specialize_pays`);
     - long queries stacked (>= 128 tokens, in-batch training): BM=BN=128, 4 warps, 2 stages, document
       tiles through TMA (``tma``), per-tile row max (``row_max``: only the accumulator lives in
       registers). Two programs share a multiprocessor, so one's max epilogue runs during the

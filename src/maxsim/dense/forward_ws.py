@@ -17,10 +17,13 @@ Two ways to give the consumers work (``SPLIT_DOCS``, a constexpr):
   one ColBERT query of 128 tokens against a corpus).
 
 The query block is the wgmma's register operand by default (``Q_IN_REGS``): each MMA then reads
-only the document tile from shared memory.
+only the document tile from shared memory. With the argmax each tile's MMA is two of half width
+(``SUB = 2``, ``WS_SUB_TILES``): the first half's epilogue overlaps the second half's MMA.
 
 Scope: documents shared by all queries (``D [Nd, Ld, d]``), fp16/bf16, d in {64, 128} (one MMA
-K-step), both mask rules, NaN propagation, the argmax (kept per thread: _thread_argmax). Queries
+K-step), both mask rules (the library routes masked calls to forward.py, faster there:
+``_tuning.warp_specialize_pays``), NaN propagation, the argmax (kept per thread: _thread_argmax;
+where a NaN is the max, the index is some token of that document). Queries
 of up to 128 tokens stack 128 // SEG to a row block; longer ones are cut into 128-row chunks whose
 partial scores are summed by the launcher. Not here (forward.py serves them): normalize, candidate
 lists, fp32, d > 128.
@@ -49,7 +52,9 @@ HALF = gl.constexpr(HALF_ROWS)  # launch plan's arithmetic would specialise the 
 # Registers per thread at launch: 12 warps (two consumer warpgroups, the producer's) x 168 fit the
 # 64K register file; setmaxnreg then gives the consumers 232-248 and the producer 24.
 WS_MAXNREG = 168
-# MMAs per tile (SUB of _consumer), without and with the argmax.
+# MMAs per tile (SUB of _consumer), without and with the argmax: at in-batch 128 x 128 two took
+# 0.906-0.924 ms with the argmax against 0.912-0.949 for one, and 0.685 without it against 0.659
+# (benchmarks/probe_ws_argmax.py, results/ws-argmax-20261129-2016.log, -2017.log).
 WS_SUB_TILES = {False: 1, True: 2}
 
 
