@@ -15,8 +15,15 @@ pipelined across steps. At in-batch 128 x 128 the gather alone took 236 us
   long queries in the cross product (``gather_config``'s rotate = 0). Without grad_D's atomics
   the best configuration took 260 us: the gather alone is latency-bound (2 TB/s from L2).
 
-Kept out of the library until it wins on the GPU (a kernel change ships only after a GPU run). It
-covers the unified strategy without normalize (cross product and candidate lists).
+- PREFETCH (the next step's winners loaded before this step's rows): timed at 20:03-20:20
+  (results/bwd-prefetch-20261129-2003.log, bwd-gather-20261129-2020.log). The gather alone got
+  1.7x faster (155 against 260 us at in-batch 128 x 128), but with grad_D's atomics the whole
+  backward only 1-3 % (406-413 against 417-425 us); candidate lists 22 % (115 against 148 us), where
+  auto runs lowmem (80 us).
+- SPLIT_ROLES (even programs gather, odd ones scatter): never among the best on the cross product.
+
+Kept out of the library: where auto runs it, it gains 1-3 %. It covers the unified strategy
+without normalize (cross product and candidate lists).
 
     TRITON_INTERPRET=1 python benchmarks/probe_backward_gather.py --check   (CPU: exactness)
     python benchmarks/probe_backward_gather.py                              (GPU: timings)
