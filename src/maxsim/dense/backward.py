@@ -14,8 +14,8 @@ Two strategies for grad_D:
   ``g * Q[i, s]`` into an fp32 grad_D buffer with atomics. Fastest; the order of the atomic adds,
   and so the last bits of grad_D, vary run to run.
 - ``lowmem``: grad_Q from the same gather kernel without the scatter; grad_D destination-owned,
-  written once in the input dtype, with no atomics and no fp32 buffer of D's size, bitwise
-  deterministic:
+  written once in the input dtype, with no floating-point atomics and no fp32 buffer of D's size,
+  bitwise deterministic:
   - cross product: the argmax is inverted by a counting sort (integer atomics count and place
     each entry under its destination row, a chunk of documents at a time, so the scratch stays
     small) and one program per document token sums its own contributions in ascending entry

@@ -232,8 +232,8 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
     are those of forward.py.
 
     SUB = 2 cuts each tile's MMA into two of NS = BN / 2 columns, issued together: the epilogue of
-    the first half runs while the tensor cores compute the second, so a long epilogue (the argmax)
-    hides behind this consumer's own MMA as well as the other consumer's."""
+    the first half runs while the tensor cores compute the second (with the argmax, 1-3 % faster:
+    WS_SUB_TILES)."""
     QPB: gl.constexpr = HALF // SEG
     NEG_INF: gl.constexpr = float("-inf")
     NS: gl.constexpr = BN // SUB  # columns of one MMA
@@ -274,7 +274,7 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         q_op = q_smem
     b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
     if SAVE_ARGMAX:
-        # The argmax without cross-thread work per tile: seen as [HALF, BN // 8, 8] (column
+        # The argmax without cross-thread work per tile: seen as [HALF, NS // 8, 8] (column
         # 8 k + j), a thread of the wgmma layout holds every k of its (row, j) pairs, so the
         # reduction over k is a tree of compares in registers (no shuffles); across tiles a thread
         # keeps the best (value, column) of each of its (row, j) pairs, and the 8 j of a row are
