@@ -67,16 +67,50 @@ def run_one(variant: str):
                                              q_in_regs=q_in_regs, sub_tiles=int(sub))
         fn()
         ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-        print(f"{variant:16s} Nd {nd:4d} Ld {ld:5d}: {ms:.3f} ms", flush=True)
+        print(f"{variant:16s} Nd {nd:4d} Ld {ld:5d}: {ms:.3f} ms{clocks_under(fn) if CLOCKS else ''}", flush=True)
+
+
+CLOCKS = "--clocks" in sys.argv
+CLOCK_QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+
+def clocks_under(fn, seconds: float = 3.0) -> str:
+    """SM clock, power and clock-event reasons that nvidia-smi samples (every 50 ms) while ``fn``
+    runs back to back for ``seconds``: is the argmax's cost a lower clock (a power cap)?"""
+    import time
+
+    import torch
+
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
+                           stdout=subprocess.PIPE, text=True)
+    t0 = time.time()
+    calls = 0
+    while time.time() - t0 < seconds:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        calls += 20
+    smi.terminate()
+    out, _ = smi.communicate()
+    rows = [r.split(", ") for r in out.strip().splitlines() if r.count(",") == 3]
+    rows = rows[len(rows) // 4:]  # drop the ramp
+    if not rows:
+        return "  (no nvidia-smi samples)"
+    med = lambda k: sorted(float(r[k]) for r in rows)[len(rows) // 2]  # noqa: E731
+    reasons = sorted({r[3] for r in rows})
+    return (f"  | loop {1e3 * (time.time() - t0) / calls:.3f} ms/call, SM clock {med(0):.0f} MHz, "
+            f"power {med(1):.0f} W, {med(2):.0f} C, reasons {','.join(reasons)} ({len(rows)} samples)")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", default="")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--clocks", action="store_true", help="also sample SM clock and power under each variant")
     args = ap.parse_args()
     if args.variant:
         run_one(args.variant)
     else:
         for v in args.variants.split(","):
-            subprocess.run([sys.executable, __file__, "--variant", v], check=False, timeout=180)
+            subprocess.run([sys.executable, __file__, "--variant", v] + ["--clocks"] * args.clocks,
+                           check=False, timeout=180)

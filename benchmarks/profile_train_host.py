@@ -1,7 +1,7 @@
 """Host side of a training step (GPU): where small training shapes spend their time when the
 kernels take a fraction of the step.
 
-For each shape and provider: the step time as the benchmark measures it (do_bench median), the
+For each shape and provider: the step time as the benchmark measures it (maxsim.bench.timing.cold_ms), the
 host time per step (steps enqueued back to back, one sync at the end), and the kernels' time per
 step (torch.profiler). Then the top host-side operators of maxsim's step and naive's.
 
@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 import maxsim
 from maxsim.bench.providers import TRAIN_PROVIDERS
 from maxsim.bench.shapes import TRAIN_GPU_SHAPES, make_inputs
+from maxsim.bench.timing import cold_ms
 from maxsim.bench.train import train_labels, train_step
 from maxsim.dense import ops
 
@@ -99,7 +100,7 @@ def main():
             try:
                 step = lambda fn=fn, Q=Q, D=D, labels=labels: train_step(fn, (Q, D), (Q, D), labels)  # noqa: E731
                 step()
-                ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+                ms = cold_ms(step, warmup=25, rep=200)
                 host, wall = host_us_per_step(step)
                 print(f"  {name:32s} step {ms * 1e3:7.1f} us | host {host:7.1f} us/step, back-to-back "
                       f"{wall:7.1f} us/step")

@@ -15,10 +15,10 @@ import itertools
 import sys
 
 import torch
-import triton
 
 from maxsim._tuning import ForwardConfig, forward_config, next_pow2
 from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs, shapes_by_name
+from maxsim.bench.timing import cold_ms
 from maxsim.dense.forward import maxsim_forward
 from maxsim.reference import maxsim_reference
 
@@ -54,7 +54,7 @@ def time_config(Q, D, qm, dm, cfg, ref=None, argmax=False):
         err = ((out - ref).abs().max() / ref.abs().max()).item()
         if not err <= 1e-4:
             raise ValueError(f"wrong scores (rel err {err:.1e})")
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    return cold_ms(fn, warmup=10, rep=40)
 
 
 def main(argv=None):

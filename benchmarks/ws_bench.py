@@ -1,5 +1,6 @@
 """Times the warp-specialized Gluon forward (maxsim/dense/forward_ws.py) against the shipped
-forward on the compute-bound shapes, over a few configurations (GPU).
+forward on the compute-bound shapes, over a few configurations (GPU). Times are medians with a
+cold, clean L2 (maxsim.bench.timing.cold_ms); --graph replays use do_bench_cudagraph.
 
     python benchmarks/ws_bench.py [--shapes a,b] [--quick]
 """
@@ -13,6 +14,7 @@ import maxsim
 from maxsim._dispatch import cuda_index
 from maxsim._tuning import multiprocessors
 from maxsim.bench.shapes import GPU_SHAPES, floor_seconds, make_inputs
+from maxsim.bench.timing import cold_ms
 from maxsim.dense.forward import maxsim_forward
 from maxsim.dense.forward_ws import HALF_ROWS, maxsim_forward_ws, ws_plan
 
@@ -41,7 +43,7 @@ def main():
             _, ref_arg = base_fn()
         else:
             base_fn = lambda: maxsim.maxsim(Q, D, qm, dm)  # noqa: E731
-        base = triton.testing.do_bench(base_fn, warmup=25, rep=100, return_mode="median")
+        base = cold_ms(base_fn, warmup=25, rep=100)
         graph = (lambda f: triton.testing.do_bench_cudagraph(f, rep=60, return_mode="median")) if args.graph else None
         base_graph = f", in a CUDA graph {graph(base_fn):.3f} ms" if graph else ""
         print(f"{item}: floor {floor_ms:.3f} ms; shipped forward {base:.3f} ms ({100 * floor_ms / base:.1f} %){base_graph}",
@@ -61,7 +63,7 @@ def main():
                 err = float((out - ref).abs().max() / ref.abs().max())
                 if argmax:
                     err = (err, int((arg != ref_arg).sum()))
-                ms = triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+                ms = cold_ms(fn, warmup=10, rep=60)
                 if graph:
                     err = (err, f"graph {graph(fn):.3f} ms")
                 rows.append((ms, BN, stages, split, regs, err))

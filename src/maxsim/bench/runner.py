@@ -5,7 +5,8 @@
 
 For each (shape, provider) cell: build the inputs from a fixed seed, compute the reference
 scores, call the provider once (compiles and autotunes), compare with the reference, measure the
-peak memory of one call, then time it (``triton.testing.do_bench`` median on CUDA,
+peak memory of one call, then time it (median on CUDA, each call after a flush that leaves the L2
+cold and clean: :mod:`maxsim.bench.timing`;
 ``time.perf_counter`` median on CPU).
 
 ``--mode train`` does the same for one training step instead of one call: zero the gradients,
@@ -60,6 +61,7 @@ from maxsim.bench.shapes import (
     make_inputs,
     shapes_by_name,
 )
+from maxsim.bench.timing import cold_ms
 from maxsim.bench.train import grad_error, reference_step, train_labels, train_step
 
 MODES = ("forward", "train")
@@ -172,13 +174,17 @@ def _peak_mb(fn, device: str) -> float | None:
     return peak / 2**20
 
 
-def _time_ms(fn, device: str, quick: bool) -> float:
-    """Median milliseconds per call."""
+def _time_ms(fn, device: str, quick: bool, flush: str = "read") -> float:
+    """Median milliseconds per call. On CUDA each call starts with a cold L2: ``flush="read"``
+    leaves it clean (:func:`maxsim.bench.timing.cold_ms`), ``"zero"`` is do_bench's own flush,
+    which leaves it dirty (the timed call then also writes ~50 MB back)."""
     if device == "cuda":
-        import triton.testing
-
         warmup, rep = DO_BENCH_MS[quick]
-        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+        if flush == "zero":
+            import triton.testing
+
+            return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+        return cold_ms(fn, warmup=warmup, rep=rep)
     times = []
     for _ in range(CPU_RUNS[quick]):
         t0 = time.perf_counter()
@@ -187,7 +193,7 @@ def _time_ms(fn, device: str, quick: bool) -> float:
     return statistics.median(times) * 1e3
 
 
-def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bool) -> dict:
+def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bool, flush: str = "read") -> dict:
     """ms, % of floor, peak MB and relative error of one cell; exceptions propagate."""
     from maxsim.reference import maxsim_reference
 
@@ -202,11 +208,12 @@ def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bo
     err = rel_error(out, ref)
     del out
     peak = _peak_mb(fn, device)
-    ms = _time_ms(fn, device, quick)
+    ms = _time_ms(fn, device, quick, flush)
     return {"ms": ms, "pct_floor": 100 * floor_seconds(shape) * 1e3 / ms, "peak_mb": peak, "rel_err": err}
 
 
-def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, quick: bool) -> dict:
+def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, quick: bool,
+                   flush: str = "read") -> dict:
     """The same for one training step (see :mod:`maxsim.bench.train`), plus the errors of the
     gradients; the peak is that of one step above the inputs, gradients included."""
     Q, D, q_mask, d_mask = make_inputs(shape, device, seed)
@@ -227,13 +234,14 @@ def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, qui
     del scores, ref
     Q.grad = D.grad = None  # not part of "before": the step allocates its own
     peak = _peak_mb(step, device)
-    ms = _time_ms(step, device, quick)
+    ms = _time_ms(step, device, quick, flush)
     values.update(ms=ms, pct_floor=100 * floor_seconds(shape, "train") * 1e3 / ms, peak_mb=peak)
     return values
 
 
 def measure(
-    shape: Shape, provider: Provider, device: str, seed: int = 0, quick: bool = False, mode: str = "forward"
+    shape: Shape, provider: Provider, device: str, seed: int = 0, quick: bool = False, mode: str = "forward",
+    flush: str = "read",
 ) -> dict:
     """Run one (shape, provider) cell in this process and return its result row.
 
@@ -241,10 +249,10 @@ def measure(
     try:
         if mode == "train":
             with torch.enable_grad():
-                values = _measure_train(shape, provider, device, seed, quick)
+                values = _measure_train(shape, provider, device, seed, quick, flush)
         else:
             with torch.no_grad():
-                values = _measure(shape, provider, device, seed, quick)
+                values = _measure(shape, provider, device, seed, quick, flush)
     except Exception as exc:
         traceback.print_exc()
         return _record(shape, provider.name, classify_error(exc), note=_one_line(exc), mode=mode)
@@ -257,7 +265,7 @@ def measure(
 def worker_main(spec: str) -> int:
     """Run one provider over a list of shapes, printing one result line per shape.
 
-    spec: JSON ``{"mode", "provider", "device", "seed", "quick", "shapes": [Shape dicts]}``."""
+    spec: JSON ``{"mode", "provider", "device", "seed", "quick", "flush", "shapes": [Shape dicts]}``."""
     faulthandler.enable()  # a segfault or abort still leaves its reason on stderr
     cfg = json.loads(spec)
     mode = cfg.get("mode", "forward")
@@ -266,7 +274,7 @@ def worker_main(spec: str) -> int:
         shape = Shape(**fields)
         print(SHAPE_MARK + shape.name, file=sys.stderr, flush=True)
         print(START_MARK + shape.name, flush=True)
-        row = measure(shape, provider, cfg["device"], cfg["seed"], cfg["quick"], mode)
+        row = measure(shape, provider, cfg["device"], cfg["seed"], cfg["quick"], mode, cfg.get("flush", "read"))
         print(RESULT_MARK + json.dumps(row), flush=True)
         if row["status"] == "crashed":
             # The CUDA context is unusable: exit without touching it; the parent starts a new worker.
@@ -324,6 +332,7 @@ def _run_worker(shapes, provider, device, opts, log_path: Path, report) -> tuple
         "device": device,
         "seed": opts.seed,
         "quick": opts.quick,
+        "flush": opts.flush,
         "shapes": [s.to_dict() for s in shapes],
     }
     cmd = [sys.executable, "-m", "maxsim.bench.runner", "--worker", json.dumps(spec)]
@@ -398,7 +407,7 @@ def run_all(shapes, providers, device, opts, isolate: bool, log_path: Path) -> l
             run_isolated(shapes, provider, device, opts, log_path, report)
         else:
             for shape in shapes:
-                report(measure(shape, provider, device, opts.seed, opts.quick, opts.mode))
+                report(measure(shape, provider, device, opts.seed, opts.quick, opts.mode, opts.flush))
                 _free(device)
     shape_pos = {s.name: i for i, s in enumerate(shapes)}
     prov_pos = {p.name: i for i, p in enumerate(providers)}
@@ -626,6 +635,13 @@ def build_parser() -> argparse.ArgumentParser:
         + ")",
     )
     p.add_argument("--quick", action="store_true", help="fewer timing repetitions")
+    p.add_argument(
+        "--flush",
+        choices=["read", "zero"],
+        default="read",
+        help="how the L2 is emptied before each timed call on CUDA: read 256 MB (clean lines), or "
+        "triton's do_bench way, zero 256 MB (dirty lines the call must write back) (default: %(default)s)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", type=Path, help="directory for the CSV, PNG and logs")
     p.add_argument("--csv", type=Path, help="CSV path (default: OUT/<mode>-<date>.csv)")
@@ -694,6 +710,8 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
     paths = _output_paths(opts)
     isolate = opts.isolate == "on" or (opts.isolate == "auto" and device == "cuda")
     env = environment(device, opts.mode)
+    if device == "cuda":
+        env["L2 flush"] = opts.flush
 
     rows = run_all(shapes, providers, device, opts, isolate, paths["workers"])
     add_speedups(rows)
