@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [clocks] [wsbench] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [clocks] [wsbench] [onequery] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,7 @@ for step in "$@"; do
     tests) python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py tests -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     tune)  python3 benchmarks/tune_forward.py ${TUNE_SHAPES:+--shapes $TUNE_SHAPES} ${TUNE_ARGS:-} 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
     clocks) timeout 300 python3 benchmarks/probe_ws_argmax.py --clocks --variants "${CLOCK_VARIANTS:-plain-1,values-1,argmax-2}" 2>&1 | tee "$OUT/clocks.log" ;;
+    onequery) timeout 200 python3 benchmarks/probe_one_query.py 2>&1 | tee "$OUT/onequery.log" ;;
     wsbench) timeout 270 python3 benchmarks/ws_bench.py ${WS_SHAPES:+--shapes $WS_SHAPES} ${WS_ARGS:-} 2>&1 | tee "$OUT/wsbench.log" ;;
     tunetma) for flags in "" "--tma" "--tma --argmax"; do
                python3 benchmarks/tune_forward.py --row-max-only $flags --shapes 32q_x_100k,inbatch_128x128,colpali_1x1k,1x1k_128x1024
