@@ -92,6 +92,30 @@ def test_launch_hooks_see_cached_launches(monkeypatch):
     assert kernel.log[3][1:] == ((5, 1, 1), (x, 7, 32))
 
 
+def test_launch_options_and_a_num_warps_constexpr(monkeypatch):
+    # The Gluon forward: num_warps is both a constexpr of the kernel and a launch option, and
+    # maxnreg is an option. The JIT sees each once; the cached launch passes the constexpr's value.
+    _thin_path(monkeypatch)
+
+    class GluonLike(FakeKernel):
+        arg_names = ["x", "n", "BLOCK", "num_warps"]
+
+        def __init__(self):
+            super().__init__()
+            self.params.append(FakeParam(False))
+
+    kernel = GluonLike()
+    x = torch.zeros(64)
+    for _ in range(2):
+        _launch.launch(kernel, (3,), (x, 7), {"BLOCK": 32, "num_warps": 4}, num_warps=4, maxnreg=168)
+    assert [e[0] for e in kernel.log] == ["jit", "fast"]
+    assert kernel.log[0][3] == {"BLOCK": 32, "num_warps": 4, "maxnreg": 168}
+    assert kernel.log[1][2] == (x, 7, 32, 4)
+    # Another option value is another compiled kernel.
+    _launch.launch(kernel, (3,), (x, 7), {"BLOCK": 32, "num_warps": 4}, num_warps=4, maxnreg=128)
+    assert kernel.log[2][0] == "jit"
+
+
 def test_value_specialization_read_from_the_kernel():
     import triton
     import triton.language as tl

@@ -16,6 +16,11 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+try:  # Gluon's host-side descriptor (the warp-specialized forward's); its API moves between releases
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+except ImportError:  # pragma: no cover - another Triton: no Gluon kernel is launched then
+    GluonTensorDescriptor = TensorDescriptor
+
 from maxsim._dispatch import interpreting
 
 # Triton's own default pipelining depth on CUDA, for kernels that are not tuned on it.
@@ -33,6 +38,8 @@ def _arg_class(arg, value_specialized: bool):
         return arg.dtype, arg.data_ptr() % 16
     if isinstance(arg, TensorDescriptor):  # specialised on its element type and box
         return arg.base.dtype, tuple(arg.block_shape), arg.padding
+    if isinstance(arg, GluonTensorDescriptor):  # and, for Gluon, its shared-memory layout
+        return arg.base.dtype, tuple(arg.block_shape), arg.padding, repr(arg.layout)
     if value_specialized:
         return arg % 16, arg == 1, -_I32 <= arg < _I32
     return -_I32 <= arg < _I32
@@ -101,23 +108,29 @@ class Replay:
                          None, None, None, *args, *self.constexpr_values)
 
 
-def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int) -> Replay | None:
-    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, minus the overhead.
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None = None,
+           **options) -> Replay | None:
+    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=..., **options)``, minus the
+    overhead (Triton and Gluon kernels; options such as ``maxnreg``).
 
     ``args`` are the runtime arguments in signature order, followed in the signature by
-    ``constexprs`` (in order). Returns a :class:`Replay` of this launch when it went through the
-    thin path's direct launch (a cached kernel); None where Triton's ordinary path ran.
+    ``constexprs`` (in order; a kernel with a ``num_warps`` constexpr lists it there too, with the
+    launch's value). Returns a :class:`Replay` of this launch when it went through the thin path's
+    direct launch (a cached kernel); None where Triton's ordinary path ran.
     """
+    kwargs = {**constexprs, "num_warps": num_warps, **options}
+    if num_stages is not None:
+        kwargs["num_stages"] = num_stages
     flags = None if interpreting() or not _FAST_PATH["enabled"] else _value_specialized(kernel)
     if flags is None:
-        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        kernel[grid](*args, **kwargs)
         return None
     device = torch.cuda.current_device()
-    key = (kernel, device, num_warps, num_stages, *constexprs.values(), *_arg_classes(args, flags))
+    key = (kernel, device, num_warps, num_stages, *options.items(), *constexprs.values(), *_arg_classes(args, flags))
     compiled = _COMPILED.get(key)
     grid3 = tuple(grid) + (1,) * (3 - len(grid))
     if compiled is None:
-        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        compiled = kernel[grid](*args, **kwargs)
         names = list(getattr(kernel, "arg_names", []))
         if names != names[: len(args)] + list(constexprs) or not hasattr(compiled, "__getitem__"):
             _FAST_PATH["enabled"] = False  # an unexpected Triton: keep the ordinary path
@@ -129,6 +142,6 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
         replay(args)
     except (TypeError, AttributeError, IndexError):  # Triton's launcher API differs: fall back for good
         _FAST_PATH["enabled"] = False
-        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        kernel[grid](*args, **kwargs)
         return None
     return replay

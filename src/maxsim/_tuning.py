@@ -63,12 +63,13 @@ def is_big_corpus(doc_tokens: int) -> bool:
     return doc_tokens >= BIG_CORPUS_TOKENS
 
 
-# One 128-token query (one row block) runs the warp-specialized kernel only against at least this
-# many document tokens: that kernel has no launch plan, and on shorter calls its host path shows.
-# On the H200, 1 x 1K (128, 1024), a million tokens, took 0.088 ms through it against 0.080 ms
-# with the Triton kernel's plan; one query against 16.8M tokens took 12-14 % less time
-# (benchmarks/results/forward-20261129-193114.csv).
-WS_ONE_BLOCK_MIN_TOKENS = 2**22
+# One query of up to 128 tokens (one row block) runs the warp-specialized kernel only against at least
+# this many document tokens; below, its two consumers have too little to split. On the H200, one
+# 128-token query against 0.51M / 1.02M / 2.05M tokens took 37.2 / 67.1 / 133.2 µs there against
+# 40.4 / 76.9 / 149.6 with the Triton kernel, 256K tokens 23.0 against 23.9 (cold clean L2,
+# benchmarks/probe_one_query.py, results/onequery-20261129-2146.log). The threshold was 2^22 while
+# the Gluon kernel's launch took 100-150 µs of host time; it now goes through maxsim._launch.
+WS_ONE_BLOCK_MIN_TOKENS = 2**18
 
 
 def warp_specialize_pays(Nq: int, Lq: int, doc_tokens: int, masked: bool = False) -> bool:

@@ -93,7 +93,7 @@ CSV_FIELDS = [
     "nq", "nd", "lq", "ld", "d", "dtype", "masked", "note",
 ]  # fmt: skip
 TRAIN_CSV_FIELDS = [
-    "shape", "provider", "status", "ms", "floor_ms", "pct_floor", "peak_mb", "rel_err", "grad_q_err",
+    "shape", "provider", "status", "ms", "wall_ms", "floor_ms", "pct_floor", "peak_mb", "rel_err", "grad_q_err",
     "grad_d_err", "speedup", "nq", "nd", "lq", "ld", "d", "dtype", "masked", "candidates", "note",
 ]  # fmt: skip
 GRAD_FIELDS = ("grad_q_err", "grad_d_err")
@@ -193,6 +193,22 @@ def _time_ms(fn, device: str, quick: bool, flush: str = "read") -> float:
     return statistics.median(times) * 1e3
 
 
+def _wall_ms(fn, device: str, estimate_ms: float, budget_ms: float = 100.0) -> float | None:
+    """Wall-clock milliseconds per call of a loop: calls enqueued back to back, one synchronisation
+    at the end (a training loop's throughput; where the host is slower than the GPU, the host's
+    time). CUDA only: on the CPU ``ms`` is already wall time."""
+    if device != "cuda":
+        return None
+    n = max(10, min(1000, int(budget_ms / max(estimate_ms, 1e-3))))
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
 def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bool, flush: str = "read") -> dict:
     """ms, % of floor, peak MB and relative error of one cell; exceptions propagate."""
     from maxsim.reference import maxsim_reference
@@ -235,7 +251,8 @@ def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, qui
     Q.grad = D.grad = None  # not part of "before": the step allocates its own
     peak = _peak_mb(step, device)
     ms = _time_ms(step, device, quick, flush)
-    values.update(ms=ms, pct_floor=100 * floor_seconds(shape, "train") * 1e3 / ms, peak_mb=peak)
+    values.update(ms=ms, wall_ms=_wall_ms(step, device, ms), pct_floor=100 * floor_seconds(shape, "train") * 1e3 / ms,
+                  peak_mb=peak)
     return values
 
 
@@ -450,6 +467,7 @@ def format_table(rows: list[dict], mode: str = "forward") -> str:
     head = ["shape", "provider", "ms", "% floor", "peak MB", "rel err", "maxsim x", "note"]
     if mode == "train":
         head[6:6] = ["gQ err", "gD err"]
+        head[3:3] = ["wall ms"]
     cells = []
     for r in rows:
         ok = r["status"] == "ok"
@@ -458,6 +476,7 @@ def format_table(rows: list[dict], mode: str = "forward") -> str:
             r["shape"],
             r["provider"],
             _fmt(r["ms"], ".3f") if ok else r["status"],
+            *([_fmt(r.get("wall_ms"), ".3f")] if mode == "train" else []),
             _fmt_pct(r["pct_floor"]),
             _fmt(r["peak_mb"], ".1f"),
             _fmt(r["rel_err"], ".1e"),
@@ -490,6 +509,8 @@ TRAIN_TABLE_NOTES = (
     "fwd flops = 2 Nq Nd Lq Ld d, fwd bytes = Q + D + masks + fp32 scores, bwd bytes = 2 (Q + D) "
     "(read Q and D, write grad_Q and grad_D in the input dtype): the backward of a max is a gather, "
     "no second matmul; 100 = at the floor. "
+    "wall ms: steps enqueued back to back, one sync at the end (a training loop's time per step; "
+    "the host's where it is slower than the GPU). "
     "peak MB: max allocated during a step minus allocated before it (inputs), gradients included. "
     "maxsim x: provider ms / maxsim ms (maxsim rows: fastest other provider's ms / the row's). "
     "rel err: scores, max|out - ref| / max|ref|; gQ err, gD err: ||grad - ref|| / ||ref||; ref = "

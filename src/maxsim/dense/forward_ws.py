@@ -31,6 +31,8 @@ lists, fp32, d > 128.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton.language as tl
 from triton.experimental import gluon
@@ -45,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from maxsim._dispatch import cuda_index
+from maxsim._launch import launch
 from maxsim._tuning import multiprocessors, next_pow2
 
 HALF_ROWS = 128  # query rows per consumer warpgroup (a plain int on the host: a constexpr in the
@@ -435,6 +438,12 @@ def ws_plan(Nq: int, Nd: int, Lq: int, split_docs: bool | None, n_sms: int):
     return seg, n_chunks, n_mblocks, split_docs, docs_per_program, units * -(-Nd // docs_per_program)
 
 
+@functools.lru_cache(maxsize=16)
+def _tile_layout(BN: int, d: int, dtype: torch.dtype):
+    """The shared-memory layout of a document tile [BN, d] (the TMA box and the MMA's operand)."""
+    return gl.NVMMASharedLayout.get_default_for([BN, d], gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
 def tma_ready(D: torch.Tensor) -> bool:
     """Whether ``D [Nd, Ld, d]`` can be read as TMA rows ``[Nd * Ld, d]`` in place: 16-bit elements,
     a unit stride on d, the tokens of all documents one strided run (stride_dn == Ld * stride_dl),
@@ -472,9 +481,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     D = D if tma_ready(D) else D.contiguous()
     qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
     dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
-    gl_dtype = gl.float16 if Q.dtype == torch.float16 else gl.bfloat16
-    d_desc = TensorDescriptor(D, [Nd * Ld, d], [D.stride(1), 1], [BN, d],
-                              gl.NVMMASharedLayout.get_default_for([BN, d], gl_dtype))
+    d_desc = TensorDescriptor(D, [Nd * Ld, d], [D.stride(1), 1], [BN, d], _tile_layout(BN, d, Q.dtype))
     out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
     argmax = None
     if save_argmax:
@@ -484,12 +491,16 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         out.fill_(float("nan"))
         if argmax is not None:
             argmax.fill_(-2)
-    _maxsim_fwd_ws_kernel[(n_programs,)](
-        Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
-        argmax if argmax is not None else out,
-        Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1),
-        BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
-        HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
-        Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], num_warps=4, maxnreg=WS_MAXNREG,
+    # Through the thin launch path (maxsim._launch): Gluon's own per-call binding cost 100-150 µs of
+    # host time, more than a small call's GPU time (benchmarks/results/onequery-20261129-2146.log).
+    launch(
+        _maxsim_fwd_ws_kernel, (n_programs,),
+        (Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
+         argmax if argmax is not None else out,
+         Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1)),
+        dict(BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
+             HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
+             Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], num_warps=4),
+        num_warps=4, maxnreg=WS_MAXNREG,
     )
     return (out if n_chunks == 1 else out.sum(0)), argmax
