@@ -67,7 +67,10 @@ def test_repeated_inference_calls_replay_their_plan(monkeypatch):
     monkeypatch.setattr(forward, "POISON_OUTPUTS", False)  # (plans are off while tests poison outputs)
 
     cases = [((3, 32, 128), (50, 77, 128), True), ((32, 128), (77, 128), False),
-             ((32, 128), (50, 77, 128), True), ((4, 32, 128), (4, 9, 77, 128), True), ((8, 32, 64), (300, 60, 64), False)]
+             ((32, 128), (50, 77, 128), True), ((4, 32, 128), (4, 9, 77, 128), True), ((8, 32, 64), (300, 60, 64), False),
+             # the warp-specialized kernel on Hopper (its own plan class): one 128-token query as a
+             # 2-D tensor against 269K document tokens, and 8 of them against 256K
+             ((128, 128), (2100, 128, 128), False), ((8, 128, 128), (2000, 128, 128), False)]
     tensors = []
     for qs, ds, masked in cases:
         Q = torch.randint(-2, 3, qs, device="cuda").to(BF16)
@@ -90,6 +93,11 @@ def test_repeated_inference_calls_replay_their_plan(monkeypatch):
         assert torch.equal(out, ref) and torch.equal(arg, ref_arg)
         assert torch.equal(maxsim.maxsim(Q, D, qm, dm), ref)  # its own signature: validated, then planned
     assert len(checked) == len(cases)  # only the scores-only calls (first of their signature) were validated
+    if torch.cuda.get_device_capability()[0] == 9:
+        from maxsim.dense.forward_ws import WarpSpecializedPlan
+
+        kinds = {type(p).__name__ for p in forward._PLANS.values()}
+        assert WarpSpecializedPlan.__name__ in kinds and "_ForwardPlan" in kinds
     # A bad argument is never hidden by a plan: a new signature, so validated (and refused).
     Q, D, qm, dm = tensors[0]
     with pytest.raises(ValueError, match="mask_mode"):

@@ -346,10 +346,12 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
     if cfg.warp_specialized:
-        # Compute-bound calls (hundreds of microseconds): no launch plan needed.
-        return _gluon_forward().maxsim_forward_ws(Q, D[0], qm, None if dm is None else dm[0], multiply=multiply,
-                                 save_argmax=argmax is not None, BN=cfg.BN, STAGES=cfg.num_stages,
-                                 argmax_out=argmax, poison=POISON_OUTPUTS)[0]
+        scores, _, plan = _gluon_forward().maxsim_forward_ws(
+            Q, D[0], qm, None if dm is None else dm[0], multiply=multiply, save_argmax=argmax is not None,
+            BN=cfg.BN, STAGES=cfg.num_stages, argmax_out=argmax, poison=POISON_OUTPUTS, keep_plan=True)
+        if plan_key is not None and plan is not None:
+            _keep_plan(plan_key, plan)
+        return scores
     seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
     # One partial score per query chunk ([n_chunks, Nq, Nd], summed below) unless there is one chunk.
     out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
@@ -374,11 +376,15 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, d
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[plan_key] = _ForwardPlan(replay, ints, tuple(out.shape), n_chunks,
-                                        tuple(argmax.shape) if argmax is not None else None, desc_layout)
+        _keep_plan(plan_key, _ForwardPlan(replay, ints, tuple(out.shape), n_chunks,
+                                          tuple(argmax.shape) if argmax is not None else None, desc_layout))
     return out if n_chunks == 1 else out.sum(0)
+
+
+def _keep_plan(plan_key, plan) -> None:
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[plan_key] = plan
 
 
 def warp_specialize_ok(Q: torch.Tensor, D: torch.Tensor, normalize: bool, interpret: bool, device_index: int) -> bool:
@@ -427,7 +433,8 @@ _MAX_PLANS = 256
 
 def plan_for(plan_key):
     """The launch plan kept for ``plan_key``, or None: ``plan(Q, D, q_mask, d_mask)`` (tensors of
-    that signature, in any layout with the same data) returns (scores [Nq, Nd], argmax | None)."""
+    that signature, in any layout with the same data) returns (scores [Nq, Nd], argmax | None).
+    A :class:`_ForwardPlan` (this file's kernel) or a ``forward_ws.WarpSpecializedPlan``."""
     return _PLANS.get(plan_key)
 
 

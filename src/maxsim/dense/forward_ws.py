@@ -458,7 +458,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
                       sub_tiles: int | None = None,
                       argmax_out: torch.Tensor | None = None,
-                      poison: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      poison: bool = False, keep_plan: bool = False):
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
     {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
@@ -466,8 +466,10 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     tokens per tile (128).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
     query block as the MMA's register operand. sub_tiles: MMAs per tile, 1 or 2 (None:
-    ``WS_SUB_TILES``). Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled before the launch, so an element the kernel
-    fails to write cannot pass for a result."""
+    ``WS_SUB_TILES``). Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled
+    before the launch, so an element the kernel fails to write cannot pass for a result.
+    keep_plan: return ``(scores, argmax, plan)``, plan a :class:`WarpSpecializedPlan` of this launch
+    (None where it cannot replay: masks, a copied input, Triton's ordinary launch path)."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
             or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128):
         raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
@@ -477,6 +479,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         Nq, Nd, Lq, split_docs, multiprocessors(cuda_index(Q)))
     if split_docs and STAGES % 2:
         raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
+    in_place = Q.stride(-1) == 1 and tma_ready(D)
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if tma_ready(D) else D.contiguous()
     qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
@@ -493,14 +496,45 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
             argmax.fill_(-2)
     # Through the thin launch path (maxsim._launch): Gluon's own per-call binding cost 100-150 µs of
     # host time, more than a small call's GPU time (benchmarks/results/onequery-20261129-2146.log).
-    launch(
+    ints = (Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1))
+    replay = launch(
         _maxsim_fwd_ws_kernel, (n_programs,),
         (Q, d_desc, qm if qm is not None else Q, dm if dm is not None else Q, out,
-         argmax if argmax is not None else out,
-         Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1)),
+         argmax if argmax is not None else out, *ints),
         dict(BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
              HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
              Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], num_warps=4),
         num_warps=4, maxnreg=WS_MAXNREG,
     )
-    return (out if n_chunks == 1 else out.sum(0)), argmax
+    scores = out if n_chunks == 1 else out.sum(0)
+    if not keep_plan:
+        return scores, argmax
+    plan = None
+    if replay is not None and in_place and qm is None and dm is None:
+        plan = WarpSpecializedPlan(replay, ints, tuple(out.shape), tuple(argmax.shape) if save_argmax else None,
+                                   Nd * Ld, D.stride(1), (BN, d))
+    return scores, argmax, plan
+
+
+class WarpSpecializedPlan:
+    """One kept launch of the kernel (no masks, inputs read in place): ``plan(Q, D, q_mask, d_mask)``
+    on tensors of the same signature (shapes, strides, dtypes, alignment; masks None) makes new
+    outputs and a new TMA descriptor and replays the compiled kernel with the same integers, so a
+    repeated call skips the checks, the launch plan arithmetic and the launch key. Q and D may be
+    any views of the kept layout (e.g. ``[Lq, d]`` for one query): only their addresses are used.
+    Returns (scores [Nq, Nd], argmax [Nq, Nd, Lq] or None)."""
+
+    __slots__ = ("replay", "ints", "out_shape", "argmax_shape", "rows", "row_stride", "box")
+
+    def __init__(self, replay, ints, out_shape, argmax_shape, rows, row_stride, box):
+        self.replay, self.ints, self.out_shape, self.argmax_shape = replay, ints, out_shape, argmax_shape
+        self.rows, self.row_stride, self.box = rows, row_stride, box  # D as TMA rows [rows, d], box [BN, d]
+
+    def __call__(self, Q, D, q_mask=None, d_mask=None):
+        out = torch.empty(self.out_shape, dtype=torch.float32, device=Q.device)
+        argmax = None if self.argmax_shape is None else torch.empty(self.argmax_shape, dtype=torch.int32,
+                                                                    device=Q.device)
+        BN, d = self.box
+        d_desc = TensorDescriptor(D, [self.rows, d], [self.row_stride, 1], [BN, d], _tile_layout(BN, d, Q.dtype))
+        self.replay((Q, d_desc, Q, Q, out, out if argmax is None else argmax, *self.ints))
+        return (out if len(self.out_shape) == 2 else out.sum(0)), argmax
