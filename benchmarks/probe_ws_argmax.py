@@ -17,7 +17,12 @@ fresh process (the kernel's helpers are swapped before it compiles):
   changes how often the per-document reduction runs (at 20:12 UTC on 2026-11-29, 32 x 4096 timed as
   128 x 1024: it is not the per-document work).
 
-    python benchmarks/probe_ws_argmax.py
+With ``--clocks`` each variant also runs back to back for 3 s while nvidia-smi samples the SM
+clock, power and clock-event reasons: at 21:20 UTC every variant ran at the 700 W power cap, the
+argmax at a higher clock than the plain forward (results/clocks-20261129-2120.log), so the
+argmax's cost is its energy.
+
+    python benchmarks/probe_ws_argmax.py [--variants a,b] [--clocks]
 """
 
 import argparse

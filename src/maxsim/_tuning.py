@@ -67,7 +67,7 @@ def is_big_corpus(doc_tokens: int) -> bool:
 # this many document tokens; below, its two consumers have too little to split. On the H200, one
 # 128-token query against 0.51M / 1.02M / 2.05M tokens took 37.2 / 67.1 / 133.2 µs there against
 # 40.4 / 76.9 / 149.6 with the Triton kernel, 256K tokens 23.0 against 23.9 (cold clean L2,
-# benchmarks/probe_one_query.py, results/onequery-20261129-2146.log). The threshold was 2^22 while
+# benchmarks/probe_one_query.py, results/onequery-20261129-2125.log). The threshold was 2^22 while
 # the Gluon kernel's launch took 100-150 µs of host time; it now goes through maxsim._launch.
 WS_ONE_BLOCK_MIN_TOKENS = 2**18
 

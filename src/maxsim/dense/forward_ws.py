@@ -109,7 +109,9 @@ def _thread_argmax(s, k, HALF: gl.constexpr, BN: gl.constexpr):
     ws-bwd-20261129-1919.log, ws-argmax-20261129-2*.log). So what the index costs is not the
     count of half-rate instructions, nor the epilogue's latency (two MMAs a tile, SUB = 2, overlap it
     with the tensor cores and gain 1-3 %), nor the MMA's register operand (from shared memory it
-    is slower)."""
+    is slower). It is energy: every variant runs at the 700 W cap (1695 MHz without the argmax,
+    1830 with it; results/clocks-20261129-2120.log), so the time follows the instruction count
+    (about 3.75 an element here, 1 without the index), however well it overlaps the MMAs."""
     v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
     i = k
     for lvl in gl.static_range(6):
@@ -495,7 +497,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         if argmax is not None:
             argmax.fill_(-2)
     # Through the thin launch path (maxsim._launch): Gluon's own per-call binding cost 100-150 µs of
-    # host time, more than a small call's GPU time (benchmarks/results/onequery-20261129-2146.log).
+    # host time, more than a small call's GPU time (benchmarks/results/onequery-20261129-2125.log).
     ints = (Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1))
     replay = launch(
         _maxsim_fwd_ws_kernel, (n_programs,),
