@@ -1,4 +1,4 @@
-"""A thin launch path for Triton kernels.
+"""A thin launch path for Triton (and Gluon) kernels.
 
 Triton's ``kernel[grid](...)`` binds and specialises every argument, builds a cache key and
 checks globals on each call: tens of microseconds of Python, more than a small MaxSim takes on the
