@@ -168,6 +168,9 @@ def test_naive_matches_reference_in_pylate_mask_mode():
 def test_bad_options_exit_2(tmp_path):
     assert run_cli(["--shapes", "nope", "--device", "cpu", "--out", str(tmp_path)]) == 2
     assert run_cli(["--providers", "nope", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse refuses an unknown L2 flush
+        run_cli(["--flush", "nope", "--device", "cpu", "--out", str(tmp_path)])
+    assert exc.value.code == 2
 
 
 def test_gpu_shape_set_is_the_specified_one():
@@ -196,7 +199,7 @@ def test_train_end_to_end_cpu(tmp_path, capsys):
     out = capsys.readouterr().out
 
     assert out.splitlines()[0].startswith("CPU")
-    assert "gQ err" in out and "gD err" in out and "cross_entropy" in out
+    assert "gQ err" in out and "gD err" in out and "wall ms" in out and "cross_entropy" in out
     table = _table_rows(out)
     assert set(table) == {(s.name, p) for s in TINY_TRAIN for p in ("maxsim", "naive")}
 
@@ -209,7 +212,7 @@ def test_train_end_to_end_cpu(tmp_path, capsys):
     for row in rows:
         assert row["status"] == "ok", row
         assert float(row["ms"]) > 0 and float(row["pct_floor"]) > 0 and float(row["speedup"]) > 0
-        assert row["peak_mb"] == ""  # not measured on CPU
+        assert row["peak_mb"] == "" and row["wall_ms"] == ""  # not measured on CPU (ms is wall time there)
         tol = 1e-4 if dtype[row["shape"]] == "fp32" else 1e-2
         assert 0 <= float(row["rel_err"]) <= tol, (row["shape"], row["provider"], row["rel_err"])
         # naive rounds every similarity to bf16 before the max: near-ties pick other winners than
