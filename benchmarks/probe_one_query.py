@@ -6,31 +6,17 @@ the host time of a call (calls enqueued back to back, one sync at the end).
     python benchmarks/probe_one_query.py
 """
 
-import time
-
 import torch
 
 import maxsim
 import maxsim._tuning as T
 import maxsim.dense.forward as F
 from maxsim.bench.shapes import Shape, floor_seconds
-from maxsim.bench.timing import cold_ms
+from maxsim.bench.timing import back_to_back, cold_ms
 
 # (Nd, Lq, Ld), one fp16 query, d = 128: document tokens from 30K to 4M
 SHAPES = [(100, 128, 1024), (250, 128, 1024), (500, 128, 1024), (1000, 128, 1024), (2000, 128, 1024),
           (1000, 32, 300), (2000, 32, 300), (4000, 32, 300), (10000, 32, 300), (1000, 64, 300)]
-
-
-def host_us(fn, n=200):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def main():
@@ -52,7 +38,7 @@ def main():
                 ref = out
             err = float((out - ref).abs().max() / ref.abs().max())
             us = cold_ms(fn, warmup=10, rep=60) * 1e3
-            row.append(f"{name} {us:7.1f} ({100 * floor_us / us:5.1f} %) [{host_us(fn):5.1f}] err {err:.0e}")
+            row.append(f"{name} {us:7.1f} ({100 * floor_us / us:5.1f} %) [{back_to_back(fn, 200)[0] * 1e6:5.1f}] err {err:.0e}")
         T.WS_ONE_BLOCK_MIN_TOKENS = default
         print(f"Nd {nd:6d} Lq {lq:4d} Ld {ld:5d} ({nd * ld / 1e6:5.2f}M tokens, floor {floor_us:6.1f} us): "
               + " | ".join(row), flush=True)

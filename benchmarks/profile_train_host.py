@@ -8,8 +8,6 @@ step (torch.profiler). Then the top host-side operators of maxsim's step and nai
     python benchmarks/profile_train_host.py
 """
 
-import time
-
 import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
@@ -17,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 import maxsim
 from maxsim.bench.providers import TRAIN_PROVIDERS
 from maxsim.bench.shapes import TRAIN_GPU_SHAPES, make_inputs
-from maxsim.bench.timing import cold_ms
+from maxsim.bench.timing import back_to_back, cold_ms
 from maxsim.bench.train import train_labels, train_step
 from maxsim.dense import ops
 
@@ -31,19 +29,6 @@ def via_custom_op(strategy):
         return ops.dense_forward(Q, D4, None, None, False, False, True, strategy)[0]
 
     return fn
-
-
-def host_us_per_step(step, n=200):
-    for _ in range(10):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / n * 1e6
-    return host, wall
 
 
 def profile_step(step, top=12):
@@ -101,7 +86,7 @@ def main():
                 step = lambda fn=fn, Q=Q, D=D, labels=labels: train_step(fn, (Q, D), (Q, D), labels)  # noqa: E731
                 step()
                 ms = cold_ms(step, warmup=25, rep=200)
-                host, wall = host_us_per_step(step)
+                host, wall = (t * 1e6 for t in back_to_back(step, 200))
                 print(f"  {name:32s} step {ms * 1e3:7.1f} us | host {host:7.1f} us/step, back-to-back "
                       f"{wall:7.1f} us/step")
                 if name in ("maxsim auto (eager Function)", "naive"):

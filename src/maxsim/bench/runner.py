@@ -61,7 +61,7 @@ from maxsim.bench.shapes import (
     make_inputs,
     shapes_by_name,
 )
-from maxsim.bench.timing import cold_ms
+from maxsim.bench.timing import back_to_back, cold_ms
 from maxsim.bench.train import grad_error, reference_step, train_labels, train_step
 
 MODES = ("forward", "train")
@@ -200,13 +200,7 @@ def _wall_ms(fn, device: str, estimate_ms: float, budget_ms: float = 100.0) -> f
     if device != "cuda":
         return None
     n = max(10, min(1000, int(budget_ms / max(estimate_ms, 1e-3))))
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
+    return back_to_back(fn, n)[1] * 1e3
 
 
 def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bool, flush: str = "read") -> dict:

@@ -11,11 +11,14 @@ Here the flush *reads* 256 MB instead (a sum: one tiny output). That evicts the 
 well and leaves clean lines, so the call pays for its own traffic and nothing else. The rest is
 do_bench's procedure: an estimate over 5 calls, warm-up calls for ``warmup`` ms, then ``rep`` ms of
 calls, each after a flush and between CUDA events, median.
+
+``back_to_back(fn, n)`` gives the other side: host and wall time per call of a loop with no flush.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -60,3 +63,17 @@ def cold_ms(fn, warmup: float = 25, rep: float = 100) -> float:
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def back_to_back(fn, n: int) -> tuple[float, float]:
+    """(host, wall) seconds per call of ``fn`` enqueued ``n`` times back to back after a warm-up
+    call: host, until the last call returned; wall, until the GPU finished them (one sync at the
+    end), a loop's time per call, the host's where it is slower than the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return host / n, (time.perf_counter() - t0) / n

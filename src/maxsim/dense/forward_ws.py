@@ -481,12 +481,14 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         Nq, Nd, Lq, split_docs, multiprocessors(cuda_index(Q)))
     if split_docs and STAGES % 2:
         raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
-    in_place = Q.stride(-1) == 1 and tma_ready(D)
+    in_place = Q.stride(-1) == 1 and tma_ready(D)  # (no copy: a plan may replay this launch)
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
-    D = D if tma_ready(D) else D.contiguous()
+    D = D if in_place or tma_ready(D) else D.contiguous()
     qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
     dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
-    d_desc = TensorDescriptor(D, [Nd * Ld, d], [D.stride(1), 1], [BN, d], _tile_layout(BN, d, Q.dtype))
+    # D as TMA rows [Nd * Ld, d], box [BN, d]
+    desc_args = ([Nd * Ld, d], [D.stride(1), 1], [BN, d], _tile_layout(BN, d, Q.dtype))
+    d_desc = TensorDescriptor(D, *desc_args)
     out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
     argmax = None
     if save_argmax:
@@ -514,7 +516,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     plan = None
     if replay is not None and in_place and qm is None and dm is None:
         plan = WarpSpecializedPlan(replay, ints, tuple(out.shape), tuple(argmax.shape) if save_argmax else None,
-                                   Nd * Ld, D.stride(1), (BN, d))
+                                   desc_args)
     return scores, argmax, plan
 
 
@@ -526,17 +528,16 @@ class WarpSpecializedPlan:
     any views of the kept layout (e.g. ``[Lq, d]`` for one query): only their addresses are used.
     Returns (scores [Nq, Nd], argmax [Nq, Nd, Lq] or None)."""
 
-    __slots__ = ("replay", "ints", "out_shape", "argmax_shape", "rows", "row_stride", "box")
+    __slots__ = ("replay", "ints", "out_shape", "argmax_shape", "desc_args")
 
-    def __init__(self, replay, ints, out_shape, argmax_shape, rows, row_stride, box):
+    def __init__(self, replay, ints, out_shape, argmax_shape, desc_args):
         self.replay, self.ints, self.out_shape, self.argmax_shape = replay, ints, out_shape, argmax_shape
-        self.rows, self.row_stride, self.box = rows, row_stride, box  # D as TMA rows [rows, d], box [BN, d]
+        self.desc_args = desc_args  # the TMA descriptor's shape, strides, box and layout: D's new address only
 
     def __call__(self, Q, D, q_mask=None, d_mask=None):
         out = torch.empty(self.out_shape, dtype=torch.float32, device=Q.device)
         argmax = None if self.argmax_shape is None else torch.empty(self.argmax_shape, dtype=torch.int32,
                                                                     device=Q.device)
-        BN, d = self.box
-        d_desc = TensorDescriptor(D, [self.rows, d], [self.row_stride, 1], [BN, d], _tile_layout(BN, d, Q.dtype))
+        d_desc = TensorDescriptor(D, *self.desc_args)
         self.replay((Q, d_desc, Q, Q, out, out if argmax is None else argmax, *self.ints))
         return (out if len(self.out_shape) == 2 else out.sum(0)), argmax
