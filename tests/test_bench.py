@@ -12,7 +12,7 @@ import torch
 from maxsim.bench import Shape, floor_seconds, make_inputs, run_cli
 from maxsim.bench import providers as bench_providers
 from maxsim.bench import train as bench_train
-from maxsim.bench.runner import SHAPE_MARK, TRAIN_CSV_FIELDS, crash_reason
+from maxsim.bench.runner import SHAPE_MARK, TRAIN_CSV_FIELDS, crash_reason, median_rows
 from maxsim.bench.shapes import CPU_SHAPES, GPU_SHAPES, TRAIN_CPU_SHAPES, TRAIN_GPU_SHAPES, shapes_by_name
 from maxsim.reference import maxsim_reference
 
@@ -171,6 +171,40 @@ def test_bad_options_exit_2(tmp_path):
     with pytest.raises(SystemExit) as exc:  # argparse refuses an unknown L2 flush
         run_cli(["--flush", "nope", "--device", "cpu", "--out", str(tmp_path)])
     assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:  # and a repeat count below 1
+        run_cli(["--repeat", "0", "--device", "cpu", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+
+
+def _cell(provider, ms, status="ok", wall=None, note=""):
+    return {"shape": "s", "provider": provider, "status": status, "ms": ms, "wall_ms": wall, "note": note}
+
+
+def test_median_rows_takes_each_cells_median_round():
+    rounds = [
+        [_cell("maxsim", 3.0, wall=3.5), _cell("naive", 9.0), _cell("flash-maxsim", None, "crashed", note="boom")],
+        [_cell("maxsim", 1.0, wall=1.5), _cell("naive", None, "OOM"), _cell("flash-maxsim", None, "crashed", note="x")],
+        [_cell("maxsim", 2.0, wall=0.5), _cell("naive", 7.0), _cell("flash-maxsim", None, "crashed")],
+    ]
+    mine, naive, flash = median_rows(rounds)
+    assert mine["ms"] == 2.0 and mine["wall_ms"] == 1.5  # each the median of its own column
+    assert mine["note"] == "median of 3 runs, ms: 3.000 1.000 2.000"
+    assert naive["status"] == "ok" and naive["ms"] == 7.0  # the lower middle of the two ok rounds
+    assert "OOM" in naive["note"]
+    assert flash["status"] == "crashed" and flash["note"] == "boom"  # no ok round: the first round's row
+    assert median_rows(rounds[:1]) is rounds[0]  # one round: unchanged
+
+
+def test_repeat_runs_every_cell_that_many_times(tmp_path, capsys):
+    argv = ["--providers", "maxsim,naive", "--device", "cpu", "--quick", "--repeat", "2", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY[:2]) == 0
+    rows = _csv_rows(tmp_path)
+    assert [(r["shape"], r["provider"]) for r in rows] == [(s.name, p) for s in TINY[:2] for p in ("maxsim", "naive")]
+    for row in rows:
+        assert row["status"] == "ok"
+        runs = row["note"].split("ms: ")[1].split()
+        assert len(runs) == 2 and float(row["ms"]) == pytest.approx(min(map(float, runs)), abs=1e-3)
+    assert "round 2 of 2" in capsys.readouterr().err
 
 
 def test_gpu_shape_set_is_the_specified_one():

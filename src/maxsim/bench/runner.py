@@ -1,7 +1,7 @@
 """Benchmark: time every provider on every shape, check it, and report.
 
     python -m maxsim bench [--mode forward|train] [--shapes a,b] [--providers p,q] [--quick]
-                           [--device cpu|cuda] [--out DIR]
+                           [--repeat N] [--device cpu|cuda] [--out DIR]
 
 For each (shape, provider) cell: build the inputs from a fixed seed, compute the reference
 scores, call the provider once (compiles and autotunes), compare with the reference, measure the
@@ -425,6 +425,28 @@ def run_all(shapes, providers, device, opts, isolate: bool, log_path: Path) -> l
     return sorted(rows, key=lambda r: (shape_pos[r["shape"]], prov_pos[r["provider"]]))
 
 
+def median_rows(rounds: list[list[dict]]) -> list[dict]:
+    """One row per (shape, provider) from several rounds of :func:`run_all`: the round with the
+    median ms among the ok ones (the lower middle one of an even count; wall ms the median of its
+    own), its note listing every round's ms. A cell with no ok round keeps its first round's row."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for cells in zip(*rounds):  # every round lists the cells in the same order
+        ok = sorted((r for r in cells if r["status"] == "ok"), key=lambda r: r["ms"])
+        if not ok:
+            merged.append(cells[0])
+            continue
+        row = dict(ok[(len(ok) - 1) // 2])
+        walls = [r["wall_ms"] for r in ok if r.get("wall_ms") is not None]
+        if walls:
+            row["wall_ms"] = statistics.median_low(walls)
+        runs = " ".join(f"{r['ms']:.3f}" if r["status"] == "ok" else r["status"] for r in cells)
+        row["note"] = "; ".join(n for n in (row["note"], f"median of {len(cells)} runs, ms: {runs}") if n)
+        merged.append(row)
+    return merged
+
+
 # --- report -------------------------------------------------------------------------------------
 
 
@@ -629,6 +651,13 @@ def maxsim_failures(rows: list[dict]) -> list[str]:
 # --- command line -------------------------------------------------------------------------------
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="maxsim bench", description="MaxSim benchmark against peers: the forward, or a training step."
@@ -656,6 +685,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="read",
         help="how the L2 is emptied before each timed call on CUDA: read 256 MB (clean lines), or "
         "triton's do_bench way, zero 256 MB (dirty lines the call must write back) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=1,
+        help="rounds over every (shape, provider); each cell reports its median round, the note "
+        "lists them all (for host-bound shapes, whose time drifts run to run) (default: %(default)s)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", type=Path, help="directory for the CSV, PNG and logs")
@@ -728,7 +764,12 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
     if device == "cuda":
         env["L2 flush"] = opts.flush
 
-    rows = run_all(shapes, providers, device, opts, isolate, paths["workers"])
+    rounds = []
+    for i in range(opts.repeat):
+        if opts.repeat > 1:
+            print(f"round {i + 1} of {opts.repeat}", file=sys.stderr, flush=True)
+        rounds.append(run_all(shapes, providers, device, opts, isolate, paths["workers"]))
+    rows = median_rows(rounds)
     add_speedups(rows)
     print(header_line(env))
     print(format_table(rows, opts.mode))
@@ -742,7 +783,7 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
         written.append(paths["workers"])
     print("wrote " + ", ".join(str(p) for p in written))
 
-    failures = maxsim_failures(rows)
+    failures = list(dict.fromkeys(maxsim_failures([r for rnd in rounds for r in rnd])))  # every round counts
     for f in failures:
         print(f"FAIL {f}", file=sys.stderr)
     return 1 if failures else 0
