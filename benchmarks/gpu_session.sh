@@ -31,7 +31,7 @@ for step in "$@"; do
     bwdprof) python3 benchmarks/profile_backward.py 2>&1 | tee "$OUT/bwdprof.log" ;;
     hostprof) python3 benchmarks/profile_train_host.py 2>&1 | tee "$OUT/hostprof.log" ;;
     ws) { timeout 150 python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_ws_gpu.py -x ${WS_TESTS:+-k "$WS_TESTS"} 2>&1 | tail -15; timeout 270 python3 benchmarks/ws_bench.py ${WS_SHAPES:+--shapes $WS_SHAPES} ${WS_ARGS:-}; } 2>&1 | tee "$OUT/ws.log" ;;
-    train) python3 -m maxsim bench --mode train --quick --timeout 45 ${TRAIN_SHAPES:+--shapes $TRAIN_SHAPES} ${TRAIN_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
+    train) python3 -m maxsim bench --mode train --quick --timeout 45 --pin-cpu ${PIN_CPU:-2} ${TRAIN_SHAPES:+--shapes $TRAIN_SHAPES} ${TRAIN_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) python3 benchmarks/varlen_bench.py --out "$OUT" 2>&1 | tee "$OUT/varlen.log" | tail -20 ;;
     sweep) python3 -m maxsim bench --shapes sweep --quick --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -30 ;;
     sweeppeers) python3 -m maxsim bench --shapes sweep --quick --providers maxsim,late-interaction-kernels,flash-maxsim \

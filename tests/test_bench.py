@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 
 import pytest
 import torch
 
 from maxsim.bench import Shape, floor_seconds, make_inputs, run_cli
 from maxsim.bench import providers as bench_providers
+from maxsim.bench import runner as bench_runner
 from maxsim.bench import train as bench_train
 from maxsim.bench.runner import SHAPE_MARK, TRAIN_CSV_FIELDS, crash_reason, median_rows
 from maxsim.bench.shapes import CPU_SHAPES, GPU_SHAPES, TRAIN_CPU_SHAPES, TRAIN_GPU_SHAPES, shapes_by_name
@@ -174,6 +176,26 @@ def test_bad_options_exit_2(tmp_path):
     with pytest.raises(SystemExit) as exc:  # and a repeat count below 1
         run_cli(["--repeat", "0", "--device", "cpu", "--out", str(tmp_path)])
     assert exc.value.code == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="this OS cannot pin a process to a CPU")
+def test_pin_cpu_pins_the_run_and_restores_the_affinity(tmp_path, capsys, monkeypatch):
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    seen = []
+    original = bench_runner._run
+
+    def spy(*args):
+        seen.append(os.sched_getaffinity(0))
+        return original(*args)
+
+    monkeypatch.setattr(bench_runner, "_run", spy)
+    argv = ["--providers", "maxsim", "--device", "cpu", "--quick", "--pin-cpu", str(cpu), "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY[:1]) == 0
+    assert seen == [{cpu}]  # what the workers inherit
+    assert f"CPU pin {cpu}" in capsys.readouterr().out.splitlines()[0]
+    assert os.sched_getaffinity(0) == before
+    assert run_cli(argv[:-4] + ["--pin-cpu", "100000", "--out", str(tmp_path)], shapes=TINY[:1]) == 2
 
 
 def _cell(provider, ms, status="ok", wall=None, note=""):

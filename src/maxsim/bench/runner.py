@@ -1,7 +1,7 @@
 """Benchmark: time every provider on every shape, check it, and report.
 
     python -m maxsim bench [--mode forward|train] [--shapes a,b] [--providers p,q] [--quick]
-                           [--repeat N] [--device cpu|cuda] [--out DIR]
+                           [--repeat N] [--pin-cpu CPU] [--device cpu|cuda] [--out DIR]
 
 For each (shape, provider) cell: build the inputs from a fixed seed, compute the reference
 scores, call the provider once (compiles and autotunes), compare with the reference, measure the
@@ -693,6 +693,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="rounds over every (shape, provider); each cell reports its median round, the note "
         "lists them all (for host-bound shapes, whose time drifts run to run) (default: %(default)s)",
     )
+    p.add_argument(
+        "--pin-cpu",
+        type=int,
+        metavar="CPU",
+        help="run the benchmark and its workers on this one CPU core (as taskset -c CPU does): "
+        "host-bound steps, e.g. a small training step, then time the same run to run; unpinned, "
+        "a worker's host speed can drift by half (BENCHMARKS.md) (default: not pinned)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", type=Path, help="directory for the CSV, PNG and logs")
     p.add_argument("--csv", type=Path, help="CSV path (default: OUT/<mode>-<date>.csv)")
@@ -758,11 +766,38 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
     except ValueError as exc:
         print(f"maxsim bench: {exc}", file=sys.stderr)
         return 2
+    if opts.pin_cpu is not None:
+        allowed = _allowed_cpus()
+        if opts.pin_cpu not in allowed:
+            print(f"maxsim bench: --pin-cpu {opts.pin_cpu} is not among this process's CPUs "
+                  f"{_cpu_list(allowed)}", file=sys.stderr)
+            return 2
+        os.sched_setaffinity(0, {opts.pin_cpu})  # the workers inherit it
+        try:
+            return _run(opts, argv, device, shapes, providers)
+        finally:
+            os.sched_setaffinity(0, allowed)
+    return _run(opts, argv, device, shapes, providers)
+
+
+def _allowed_cpus() -> set[int]:
+    """The CPUs this process may run on (empty where the OS cannot pin: macOS, Windows)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus))) or "(none: this OS cannot pin)"
+
+
+def _run(opts, argv, device, shapes, providers) -> int:
+    """Measure, print the table, write the files; the exit status of :func:`run_cli`."""
     paths = _output_paths(opts)
     isolate = opts.isolate == "on" or (opts.isolate == "auto" and device == "cuda")
     env = environment(device, opts.mode)
     if device == "cuda":
         env["L2 flush"] = opts.flush
+    if opts.pin_cpu is not None:
+        env["CPU pin"] = opts.pin_cpu
 
     rounds = []
     for i in range(opts.repeat):
