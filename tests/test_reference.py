@@ -145,3 +145,23 @@ def test_warmup_runs_every_combination():
 
     n = maxsim.warmup(query_lengths=(8, 32), num_queries=(1, 3), dims=(16,), dtypes=(torch.float32,), device="cpu")
     assert n == 2 * 2 * 2  # x masks (False, True)
+
+
+@pytest.mark.parametrize("nq,candidates", [(1, False), (3, False), (5, True)])
+def test_warmup_reaches_every_corpus_class(nq, candidates):
+    # The document sets a CUDA warm-up scores: one tiny, then one at the first size of each
+    # larger class, so the rule picks each class's configuration (and nothing on the CPU).
+    from maxsim._tuning import BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS, is_big_corpus, warp_specialize_pays
+    from maxsim.warmup import _document_sets
+
+    def tokens(D):
+        return D.shape[:-1].numel()
+
+    assert len(list(_document_sets(nq, 16, torch.float16, candidates, "cpu", corpus_classes=False))) == 1
+    tiny, big, one_query_ws = _document_sets(nq, 16, torch.float16, candidates, "cpu", corpus_classes=True)
+    assert tiny.shape[:-3] == big.shape[:-3] == ((nq,) if candidates else ())
+    assert not is_big_corpus(tokens(tiny)) and not warp_specialize_pays(1, 128, tokens(tiny))
+    assert is_big_corpus(tokens(big)) and not warp_specialize_pays(1, 128, tokens(big))
+    assert warp_specialize_pays(1, 128, tokens(one_query_ws))
+    for D, threshold in [(big, BIG_CORPUS_TOKENS), (one_query_ws, WS_ONE_BLOCK_MIN_TOKENS)]:
+        assert threshold <= tokens(D) < threshold + tokens(D[..., :1, :, :])  # the smallest such set

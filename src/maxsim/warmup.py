@@ -13,8 +13,11 @@ compiles every class. Compiled kernels also persist on disk in Triton's cache (`
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
+
+from maxsim._tuning import BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS
 
 
 def warmup(
@@ -28,8 +31,10 @@ def warmup(
     candidates=(False,),
     device="cuda",
 ) -> int:
-    """Run ``maxsim.maxsim`` once on tiny inputs for every combination given; returns the number
-    of combinations run.
+    """Run ``maxsim.maxsim`` once on tiny inputs for every combination given and, on CUDA, once more
+    at the first size of each larger corpus class (``BIG_CORPUS_TOKENS`` and
+    ``WS_ONE_BLOCK_MIN_TOKENS`` document tokens, in documents of 128 tokens: 32 and 64 MB at fp16,
+    d = 128); returns the number of combinations run.
 
     Example (a ColBERT server: 32-token queries, batches of 1 to 64, fp16, with document masks)::
 
@@ -37,37 +42,34 @@ def warmup(
     """
     from maxsim import maxsim
 
+    on_cuda = torch.device(device).type == "cuda"
     count = 0
     for lq, nq, d, dtype, masked, norm, cand in itertools.product(
         query_lengths, num_queries, dims, dtypes, masks, normalize, candidates
     ):
         Q = torch.randn(nq, lq, d, device=device).to(dtype)
-        D = torch.randn(*((nq, 2) if cand else (2,)), 3, d, device=device).to(dtype)
         qm = torch.ones(Q.shape[:-1], dtype=torch.bool, device=device) if masked else None
-        dm = torch.ones(D.shape[:-1], dtype=torch.bool, device=device) if masked else None
         with torch.no_grad():
-            maxsim(Q, D, qm, dm, normalize=norm)
-            if torch.device(device).type == "cuda":
-                _compile_big_corpus_variant(Q, D, qm, dm, norm, cand)
+            for D in _document_sets(nq, d, dtype, cand, device, corpus_classes=on_cuda):
+                dm = torch.ones(D.shape[:-1], dtype=torch.bool, device=device) if masked else None
+                maxsim(Q, D, qm, dm, normalize=norm)
         count += 1
-    if torch.device(device).type == "cuda":
+    if on_cuda:
         torch.cuda.synchronize(device)
     return count
 
 
-def _compile_big_corpus_variant(Q, D, qm, dm, normalize, candidates):
-    """Launch the big-corpus configuration on the same tiny inputs (it compiles the kernel variant
-    that a call with a big corpus will use), when it differs from the small-corpus one."""
-    from maxsim._dispatch import cuda_index
-    from maxsim._tuning import forward_config
-    from maxsim.dense.forward import maxsim_forward, warp_specialize_ok
+# Document length of the corpus-class warm-up calls (a length the GPU tests cover in every kernel).
+_CLASS_DOC_LEN = 128
 
-    Nq, Lq, d = Q.shape
-    D4 = D if candidates else D.unsqueeze(0)
-    dm4 = None if dm is None else (dm if candidates else dm.unsqueeze(0))
-    # (masked calls never take the warp-specialized kernel: _tuning.warp_specialize_pays)
-    ws = warp_specialize_ok(Q, D4, normalize, False, cuda_index(Q)) and qm is None and dm is None
-    small = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=False, warp_specialize=ws)
-    big = forward_config(Nq, Lq, d, Q.dtype, candidates, big_corpus=True, warp_specialize=ws)
-    if big != small:
-        maxsim_forward(Q, D4, qm, dm4, normalize=normalize, config=big)
+
+def _document_sets(nq: int, d: int, dtype, candidates: bool, device, corpus_classes: bool):
+    """Tiny documents ``[(nq,) 2, 3, d]``; with ``corpus_classes``, also a set at the first size of
+    each larger corpus class (:mod:`maxsim._tuning`), which the same call shape would meet in
+    traffic. The values do not matter: only the kernel variant the call compiles."""
+    lead = (nq,) if candidates else ()
+    yield torch.randn(*lead, 2, 3, d, device=device).to(dtype)
+    if corpus_classes:
+        for tokens in (BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS):
+            n_docs = -(-tokens // (math.prod(lead) * _CLASS_DOC_LEN))
+            yield torch.zeros(*lead, n_docs, _CLASS_DOC_LEN, d, dtype=dtype, device=device)

@@ -481,9 +481,10 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         Nq, Nd, Lq, split_docs, multiprocessors(cuda_index(Q)))
     if split_docs and STAGES % 2:
         raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
-    in_place = Q.stride(-1) == 1 and tma_ready(D)  # (no copy: a plan may replay this launch)
+    d_ready = tma_ready(D)
+    in_place = Q.stride(-1) == 1 and d_ready  # (no copy: a plan may replay this launch)
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
-    D = D if in_place or tma_ready(D) else D.contiguous()
+    D = D if d_ready else D.contiguous()
     qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
     dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
     # D as TMA rows [Nd * Ld, d], box [BN, d]
