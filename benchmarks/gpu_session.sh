@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [fwdtests] [probe] [tune] [tunetma] [clocks] [wsbench] [onequery] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [fwdtests] [ncu] [probe] [tune] [tunetma] [clocks] [wsbench] [onequery] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,14 @@ for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py tests -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     tune)  python3 benchmarks/tune_forward.py ${TUNE_SHAPES:+--shapes $TUNE_SHAPES} ${TUNE_ARGS:-} 2>&1 > "$OUT/tune.log"; grep -v "^  " "$OUT/tune.log" | tail -40 ;;
+    ncu) for v in ${NCU_VARIANTS:-argmax plain}; do
+           timeout 200 ncu --clock-control none --set full --import-source no --launch-skip 2 --launch-count 1 -k regex:fwd_ws \
+             -f -o "$OUT/ncu-$v" python3 benchmarks/ncu_ws.py "$v" > "$OUT/ncu-$v.run.log" 2>&1
+           ncu -i "$OUT/ncu-$v.ncu-rep" --page details > "$OUT/ncu-$v-details.txt" 2>&1
+           ncu -i "$OUT/ncu-$v.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-$v-sass.csv" 2>&1
+           python3 benchmarks/ncu_stalls.py "$OUT/ncu-$v-sass.csv" > "$OUT/ncu-$v-stalls.txt" 2>&1
+           tail -3 "$OUT/ncu-$v.run.log"; grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Warp Cycles Per Issued" "$OUT/ncu-$v-details.txt" | head -12
+         done ;;
     clocks) timeout 300 python3 benchmarks/probe_ws_argmax.py --clocks --variants "${CLOCK_VARIANTS:-plain-1,values-1,argmax-2}" 2>&1 | tee "$OUT/clocks.log" ;;
     onequery) timeout 200 python3 benchmarks/probe_one_query.py 2>&1 | tee "$OUT/onequery.log" ;;
     wsbench) timeout 270 python3 benchmarks/ws_bench.py ${WS_SHAPES:+--shapes $WS_SHAPES} ${WS_ARGS:-} 2>&1 | tee "$OUT/wsbench.log" ;;

@@ -7,6 +7,7 @@ epilogue instructions is not what limits it. This probe separates the suspects, 
 fresh process (the kernel's helpers are swapped before it compiles):
 
 - ``plain-S`` / ``argmax-S``: without and with the argmax, S = 1 or 2 MMAs per tile (``sub_tiles``);
+- ``-head``: the kernel as last committed (benchmarks/_forward_ws_head.py), for a before/after;
 - ``-masked``: random prefix masks on both sides; ``-smem``: the query block read by the MMA from
   shared memory instead of registers;
 - ``triton-1`` / ``triton-0``: the Triton kernel (forward.py) with and without the argmax, as the
@@ -41,14 +42,24 @@ def run_one(variant: str):
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    import maxsim.dense.forward_ws as W
+    if "head" not in variant.split("-"):
+        import maxsim.dense.forward_ws as W
+    else:
+        # The kernel as committed (benchmarks/_forward_ws_head.py, written by `git show
+        # HEAD:src/maxsim/dense/forward_ws.py` before the call): a before/after in one call.
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_forward_ws_head", __file__.replace("probe_ws_argmax.py",
+                                                                                             "_forward_ws_head.py"))
+        W = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(W)
 
     kind, sub, *rest = variant.split("-")
     masked = "masked" in rest
     q_in_regs = "smem" not in rest
     if kind == "values":
         @gluon.jit
-        def _values_only(s, k, HALF: gl.constexpr, BN: gl.constexpr):
+        def _values_only(s, k, base, HALF: gl.constexpr, BN: gl.constexpr):
             v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
             return gl.max(v, axis=2), gl.max(k, axis=2)
 

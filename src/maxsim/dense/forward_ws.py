@@ -79,7 +79,8 @@ def _argmax_combine(v1, i1, v2, i2):
 
 @gluon.jit
 def _argmax_step(v1, i1, v2, i2):
-    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax), indices as fp32 (exact
+    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax, and the running best against a
+    later tile), indices as fp32 (exact
     below 2^24): the value is the NaN-propagating max; v2 is taken when it is strictly greater
     (IEEE, so ties, -0 against +0 included, keep the lower index). The compare is FSET.BF, which
     writes 1.0 or 0.0 to a register, and the index select is an FMA, i1 + take * (i2 - i1).
@@ -96,25 +97,36 @@ def _argmax_step(v1, i1, v2, i2):
 
 
 @gluon.jit
-def _thread_argmax(s, k, HALF: gl.constexpr, BN: gl.constexpr):
+def _thread_argmax(s, k, base, HALF: gl.constexpr, BN: gl.constexpr):
     """s [HALF, BN] similarities in the wgmma layout, k [HALF, 8, BN // 8] fp32 (k, in the view
-    below) -> (max, its k as fp32) [HALF, 8] for each column class j: the columns 8 k + j of a row.
-    A thread of the wgmma layout holds every k of its (row, j) pairs, so this is all registers, no
-    shuffles; a pairwise tree (adjacent k, the lower on the left), so the instructions of one
-    level are independent. At in-batch 128 x 128 the training forward took 1.20 ms with 5
-    instructions an element (a chain), 1.19-1.21 with 4, 0.917-0.924 with 3 (max, bit compare,
-    select), 0.91-0.95 with this step (max and FSET on the ALU pipe, the index by FMA), against 0.99
-    for the former winning-tile method and 0.66-0.68 without the argmax; the tree of maxima alone
-    took 0.70 (benchmarks/probe_ws_argmax.py; results/ws-train-20261129-1904.log, ws-20261129-1912.log,
-    ws-bwd-20261129-1919.log, ws-argmax-20261129-2*.log). So what the index costs is not the
-    count of half-rate instructions, nor the epilogue's latency (two MMAs a tile, SUB = 2, overlap it
-    with the tensor cores and gain 1-3 %), nor the MMA's register operand (from shared memory it
-    is slower). It is energy: every variant runs at the 700 W cap (1695 MHz without the argmax,
-    1830 with it; results/clocks-20261129-2120.log), so the time follows the instruction count
-    (about 3.75 an element here, 1 without the index), however well it overlaps the MMAs."""
+    below), base: fp32 scalar -> (max, base + its k) [HALF, 8] for each column class j: the
+    columns 8 k + j of a row. A thread of the wgmma layout holds every k of its (row, j) pairs, so
+    this is all registers, no shuffles; a pairwise tree (adjacent k, the lower on the left), so the
+    instructions of one level are independent. The first level writes its index as base_k + take
+    (one FADD: base_k = base + k of the pair's left is one value per pair for the whole tile), the
+    others by _argmax_step.
+
+    At in-batch 128 x 128 the training forward took 1.20 ms with 5 instructions an element (a
+    chain), 1.19-1.21 with 4, 0.917-0.924 with 3 (max, bit compare, select), 0.91-0.95 with
+    _argmax_step (max and FSET on the ALU pipe, the index by FMA), against 0.99 for the former
+    winning-tile method and 0.66-0.68 without the argmax; the tree of maxima alone took 0.70
+    (benchmarks/probe_ws_argmax.py; results/ws-*-20261129-19*.log, ws-argmax-20261129-2*.log).
+    Nsight Compute (results/ncu-20261129-2330/): the consumers almost never wait for their MMAs
+    (the tensor pipe is 64 % busy); they issue the epilogue, two warps a scheduler, about one
+    instruction in 4.5 cycles each (fixed-latency dependency and dispatch stalls). This version
+    (the running best as the tree's left leaf, the first level's index one FADD) runs 3.5
+    instructions an element against 3.84 before, and took 0.871-0.893 ms against 0.885-0.888: the
+    same, within noise (results/lean-20261129-2340.log). Handing the tensor cores over only once a
+    consumer's MMAs complete, instead of once issued, did not help either (0.905-0.917).
+    """
     v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
-    i = k
-    for lvl in gl.static_range(6):
+    a, b = gl.split(gl.reshape(v, [HALF, 8, BN // 16, 2]))  # [HALF, 8, BN // 16] even, odd k
+    k_even, _ = gl.split(gl.reshape(k, [HALF, 8, BN // 16, 2]))
+    take = gl.inline_asm_elementwise("set.gt.f32.f32 $0, $1, $2;", "=r,r,r", [b, a],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+    v = _max_nan(a, b)
+    i = (k_even + base) + take
+    for lvl in gl.static_range(1, 6):
         if (BN // 16) >> lvl >= 1:  # W = (BN // 16) >> lvl pairs at this level
             a, b = gl.split(gl.reshape(v, [HALF, 8, (BN // 16) >> lvl, 2]))  # [HALF, 8, W] even, odd k
             ia, ib = gl.split(gl.reshape(i, [HALF, 8, (BN // 16) >> lvl, 2]))
@@ -187,12 +199,13 @@ def _producer(d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, doc
 
 
 @gluon.jit
-def _tile_update(b_s, b_qm, dmask_ptr, j, c0, o_n, Ld, o_k, o_j, b_max, r_val, r_col, b_seen,
+def _tile_update(b_s, b_qm, dmask_ptr, j, c0, o_n, Ld, o_k, b_max, r_val, r_col, b_seen,
                  HALF: gl.constexpr, NS: gl.constexpr, HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr,
                  MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr):
     """Folds similarities ``b_s [HALF, NS]`` (document j's tokens c0 .. c0 + NS) into the running
-    state: the row max ``b_max [HALF]``, or with SAVE_ARGMAX the per-thread best (value, column)
-    ``r_val, r_col [HALF, 8]``; ``b_seen``: any real token so far (HAS_DMASK). Applies the mask rule."""
+    state: the row max ``b_max [HALF]``, or with SAVE_ARGMAX the per-thread best ``r_val [HALF, 8]``
+    of each (row, j) and its k, ``r_col`` (the column 8 k + j); ``b_seen``: any real token so far
+    (HAS_DMASK). Applies the mask rule."""
     NEG_INF: gl.constexpr = float("-inf")
     o_t = c0 + o_n  # [NS] document tokens
     m_t = o_t < Ld  # columns past Ld belong to the next document
@@ -214,11 +227,12 @@ def _tile_update(b_s, b_qm, dmask_ptr, j, c0, o_n, Ld, o_k, o_j, b_max, r_val, r
         # Only the ragged last tile pays for the bounds mask.
         b_s = gl.where(m_t[None, :], b_s, NEG_INF)
     if SAVE_ARGMAX:
-        t_val, t_k = _thread_argmax(b_s, o_k, HALF, NS)  # [HALF, 8]
-        # Strict '>' keeps the earlier tile on ties; a NaN wins over any number.
-        upd = (t_val > r_val) | ((t_val != t_val) & (r_val == r_val))
-        r_val = gl.where(upd, t_val, r_val)
-        r_col = gl.where(upd, c0.to(gl.float32) + t_k * 8.0 + o_j, r_col)  # fp32 column
+        # (max, k of the column 8 k + j in the document) of each (row, j) in this tile
+        t_val, t_k = _thread_argmax(b_s, o_k, (c0 // 8).to(gl.float32), HALF, NS)  # [HALF, 8]
+        # The running best is the tree's left leaf: an earlier tile keeps ties (strict '>'), the
+        # max propagates NaN. Four instructions a (row, j), against eight for a compare of both
+        # NaN cases and two selects.
+        r_val, r_col = _argmax_step(r_val, r_col, t_val, t_k)
     else:
         b_max = _max_nan(b_max, gl.reduce(b_s, 1, _max_nan))  # [HALF]
     return b_max, r_val, r_col, b_seen
@@ -290,9 +304,10 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         o_k = gl.arange(0, NS // 8, gl.SliceLayout(0, gl.SliceLayout(1, by_j)))[None, None, :]
         o_k = (o_k + gl.zeros([HALF, 8, NS // 8], gl.int32, by_j)).to(gl.float32)  # [HALF, 8, NS // 8] (constants)
         # best similarity of each (row, j) in this document, and its document token
-        r_val, r_col = _thread_argmax(gl.full([HALF, NS], NEG_INF, gl.float32, mma_layout), o_k, HALF, NS)
+        r_val, r_col = _thread_argmax(gl.full([HALF, NS], NEG_INF, gl.float32, mma_layout), o_k, 0.0, HALF, NS)
         per_j: gl.constexpr = r_val.type.layout  # [HALF, 8]
         o_j = gl.arange(0, 8, gl.SliceLayout(0, per_j))[None, :].to(gl.float32)  # [1, 8]
+        r_col = gl.zeros([HALF, 8], gl.float32, per_j)  # k of the best column 8 k + j
     else:
         o_k, o_j, r_val, r_col = 0, 0, b_max, b_max  # unused
     # any real token in this document so far (HAS_DMASK; reduced every tile: a [NS] vector would
@@ -324,7 +339,7 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
             if SUB == 1:
                 mbarrier.arrive(empty.index(slot), count=1)
             b_max, r_val, r_col, b_seen = _tile_update(
-                b_s, b_qm, dmask_ptr, j, i_t * BN, o_n, Ld, o_k, o_j, b_max, r_val, r_col, b_seen,
+                b_s, b_qm, dmask_ptr, j, i_t * BN, o_n, Ld, o_k, b_max, r_val, r_col, b_seen,
                 HALF, NS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX)
             if SUB == 2:
                 # A block boundary before the second wait: in one block with the first half's
@@ -336,13 +351,13 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
                     b_s, o_n = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, o_n))
                 mbarrier.arrive(empty.index(slot), count=1)
                 b_max, r_val, r_col, b_seen = _tile_update(
-                    b_s, b_qm, dmask_ptr, j, i_t * BN + NS, o_n, Ld, o_k, o_j, b_max, r_val, r_col, b_seen,
+                    b_s, b_qm, dmask_ptr, j, i_t * BN + NS, o_n, Ld, o_k, b_max, r_val, r_col, b_seen,
                     HALF, NS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX)
 
             if i_t == n_tiles - 1:
                 # Document j is complete: one max per query token, one sum per query.
                 if SAVE_ARGMAX:
-                    b_max, b_idx = gl.reduce((r_val, r_col), 1, _argmax_combine)  # [HALF]
+                    b_max, b_idx = gl.reduce((r_val, r_col * 8.0 + o_j), 1, _argmax_combine)  # [HALF]
                     b_max = gl.convert_layout(b_max, rows)
                     b_idx = gl.convert_layout(b_idx.to(gl.int32), rows)
                 m_keep = m_row
