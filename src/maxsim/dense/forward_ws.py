@@ -78,22 +78,24 @@ def _argmax_combine(v1, i1, v2, i2):
 
 
 @gluon.jit
+def _greater(v2, v1):
+    """1.0 where v2 > v1 (IEEE: false for ties, -0 against +0, and any NaN), else 0.0, by FSET.BF
+    into a register. As inline PTX: written as (v2 > v1).to(float), the compiler turns the tree's
+    first level (constant indices) back into a predicate and a select."""
+    return gl.inline_asm_elementwise("set.gt.f32.f32 $0, $1, $2;", "=r,r,r", [v2, v1],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _argmax_step(v1, i1, v2, i2):
-    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax, and the running best against a
-    later tile), indices as fp32 (exact
-    below 2^24): the value is the NaN-propagating max; v2 is taken when it is strictly greater
-    (IEEE, so ties, -0 against +0 included, keep the lower index). The compare is FSET.BF, which
-    writes 1.0 or 0.0 to a register, and the index select is an FMA, i1 + take * (i2 - i1).
-    So no predicate registers (there are 7: the former predicated selects queued on them) and
-    half of the work on the FMA pipe instead of the half-rate ALU one. The cost: where a NaN is
-    the max, the index is that of some token of the tile, not always the NaN's (a NaN after a
-    number does not win the compare); the score is NaN either way."""
-    m = _max_nan(v1, v2)
-    # As inline PTX: written as (v2 > v1).to(float), the compiler turns the first level (constant
-    # indices) back into a predicate and a select.
-    take2 = gl.inline_asm_elementwise("set.gt.f32.f32 $0, $1, $2;", "=r,r,r", [v2, v1],
-                                      dtype=gl.float32, is_pure=True, pack=1)
-    return m, i1 + take2 * (i2 - i1)
+    """_argmax_combine where every i1 < i2 (the tree of _thread_argmax, and the running best against
+    a later tile), indices as fp32 (exact below 2^24): the value is the NaN-propagating max; v2 is
+    taken when it is strictly greater (_greater: ties keep the lower index). The index select is an
+    FMA, i1 + take * (i2 - i1). So no predicate registers (there are 7: the former predicated
+    selects queued on them) and half of the work on the FMA pipe instead of the half-rate ALU one.
+    The cost: where a NaN is the max, the index is that of some token of the tile, not always the
+    NaN's (a NaN after a number does not win the compare); the score is NaN either way."""
+    return _max_nan(v1, v2), i1 + _greater(v2, v1) * (i2 - i1)
 
 
 @gluon.jit
@@ -122,8 +124,7 @@ def _thread_argmax(s, k, base, HALF: gl.constexpr, BN: gl.constexpr):
     v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
     a, b = gl.split(gl.reshape(v, [HALF, 8, BN // 16, 2]))  # [HALF, 8, BN // 16] even, odd k
     k_even, _ = gl.split(gl.reshape(k, [HALF, 8, BN // 16, 2]))
-    take = gl.inline_asm_elementwise("set.gt.f32.f32 $0, $1, $2;", "=r,r,r", [b, a],
-                                     dtype=gl.float32, is_pure=True, pack=1)
+    take = _greater(b, a)
     v = _max_nan(a, b)
     i = (k_even + base) + take
     for lvl in gl.static_range(1, 6):
@@ -296,18 +297,19 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         # The argmax without cross-thread work per tile: seen as [HALF, NS // 8, 8] (column
         # 8 k + j), a thread of the wgmma layout holds every k of its (row, j) pairs, so the
         # reduction over k is a tree of compares in registers (no shuffles); across tiles a thread
-        # keeps the best (value, column) of each of its (row, j) pairs, and the 8 j of a row are
+        # keeps the best (value, k) of each of its (row, j) pairs, and the 8 j of a row are
         # reduced once per document. State: 2 x 8 registers, which lets BN = 128 fit beside the
         # accumulator (the former winning-tile method held a second [HALF, BN] tile: BN = 64, and
         # 0.99 ms at in-batch 128 x 128, benchmarks/results/ws-20261129-1826.log).
         by_j: gl.constexpr = gl.permute(gl.reshape(zero, [HALF, NS // 8, 8]), (0, 2, 1)).type.layout
         o_k = gl.arange(0, NS // 8, gl.SliceLayout(0, gl.SliceLayout(1, by_j)))[None, None, :]
         o_k = (o_k + gl.zeros([HALF, 8, NS // 8], gl.int32, by_j)).to(gl.float32)  # [HALF, 8, NS // 8] (constants)
-        # best similarity of each (row, j) in this document, and its document token
-        r_val, r_col = _thread_argmax(gl.full([HALF, NS], NEG_INF, gl.float32, mma_layout), o_k, 0.0, HALF, NS)
+        # best similarity of each (row, j) in this document (-inf; the tree gives its layout), and
+        # the k of its column 8 k + j
+        r_val, _ = _thread_argmax(gl.full([HALF, NS], NEG_INF, gl.float32, mma_layout), o_k, 0.0, HALF, NS)
         per_j: gl.constexpr = r_val.type.layout  # [HALF, 8]
         o_j = gl.arange(0, 8, gl.SliceLayout(0, per_j))[None, :].to(gl.float32)  # [1, 8]
-        r_col = gl.zeros([HALF, 8], gl.float32, per_j)  # k of the best column 8 k + j
+        r_col = gl.zeros([HALF, 8], gl.float32, per_j)
     else:
         o_k, o_j, r_val, r_col = 0, 0, b_max, b_max  # unused
     # any real token in this document so far (HAS_DMASK; reduced every tile: a [NS] vector would
