@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, kernel sweep and/or benchmark, logs under $OUT.
-#   bash benchmarks/gpu_session.sh tests [fwdtests] [ncu] [probe] [tune] [tunetma] [clocks] [consumers] [wsbench] [onequery] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
+#   bash benchmarks/gpu_session.sh tests [fwdtests] [ncu] [probe] [tune] [tunetma] [clocks] [wsbench] [onequery] [profile] [overhead] [bwdprof] [bwdgather] [hostprof] [ws] [bench] [shapes] [sweep] [sweeppeers] [train] [varlen]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +26,6 @@ for step in "$@"; do
            tail -3 "$OUT/ncu-$v.run.log"; grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Warp Cycles Per Issued" "$OUT/ncu-$v-details.txt" | head -12
          done ;;
     clocks) timeout 300 python3 benchmarks/probe_ws_argmax.py --clocks --variants "${CLOCK_VARIANTS:-plain-1,values-1,argmax-2}" 2>&1 | tee "$OUT/clocks.log" ;;
-    consumers) { timeout 200 python3 -m pytest -q -p no:cacheprovider tests/dense/test_forward_ws_gpu.py -x 2>&1 | tail -5;
-                 timeout 400 python3 benchmarks/probe_ws_consumers.py; } 2>&1 | tee "$OUT/consumers.log" ;;
     onequery) timeout 200 python3 benchmarks/probe_one_query.py 2>&1 | tee "$OUT/onequery.log" ;;
     wsbench) timeout 270 python3 benchmarks/ws_bench.py ${WS_SHAPES:+--shapes $WS_SHAPES} ${WS_ARGS:-} 2>&1 | tee "$OUT/wsbench.log" ;;
     tunetma) for flags in "" "--tma" "--tma --argmax"; do

@@ -34,7 +34,7 @@ from maxsim.dense.backward import (
     _normalize_jacobian_kernel,
 )
 from maxsim.dense.forward import _maxsim_fwd_kernel
-from maxsim.dense.forward_ws import WS_REGS, WS_SUB_TILES, _maxsim_fwd_ws_kernel
+from maxsim.dense.forward_ws import WS_MAXNREG, WS_SUB_TILES, _maxsim_fwd_ws_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
 
@@ -65,7 +65,7 @@ def compile_variant(kernel, pointers: dict, constexprs: dict, num_warps: int, nu
     src = source(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if kernel is _maxsim_fwd_ws_kernel:
-        options["maxnreg"] = WS_REGS[constexprs["NCONS"]][0]  # as launched
+        options["maxnreg"] = WS_MAXNREG  # as launched
     return triton.compile(src, target=TARGET, options=options)
 
 
@@ -187,19 +187,12 @@ def ws_variants():
         (128, 128, "fp16", True, True, dict(SAVE_ARGMAX=True)),                # one row block, training
         (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True)),
         (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HAS_DMASK=True)),
-        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HALF=64, NCONS=3)),  # training, 3 x 64 rows
-        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HALF=64, NCONS=4)),  # training, 4 x 64 rows
-        (128, 128, "bf16", False, False, dict(SAVE_ARGMAX=True, HALF=64, NCONS=4)),
-        (128, 128, "bf16", False, True, dict(SAVE_ARGMAX=True, HALF=64, NCONS=4, SUB=1)),
-        (128, 128, "bf16", False, True, dict(HALF=64, NCONS=4)),
     ]:
         layout = gl.NVMMASharedLayout.get_default_for([BN, d], gl.float16 if dt == "fp16" else gl.bfloat16)
         ptrs = dict(q_ptr=dt, qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32", argmax_ptr="i32",
                     d_desc=f"tensordesc<{dt}[{BN},{d}],{layout!r}>")
         consts = dict(BN=BN, BK=d, SEG=32, STAGES=4, SPLIT_DOCS=split, Q_IN_REGS=regs, num_warps=4,
-                      **{**flags, "SUB": WS_SUB_TILES[bool(extra.get("SAVE_ARGMAX"))], "HALF": 128, "NCONS": 2,
-                         **extra})
-        consts["CONS_REGS"] = WS_REGS[consts["NCONS"]][1]
+                      **{**flags, "SUB": WS_SUB_TILES[bool(extra.get("SAVE_ARGMAX"))], **extra})
         tag = " ".join(k.lower() if v is True else f"{k.lower()}{v}" for k, v in extra.items() if v)
         name = f"fwd ws (Gluon) BN{BN} d{d} {dt}{' split' if split else ''}{'' if regs else ' q-smem'} {tag}"
         yield name.rstrip(), _maxsim_fwd_ws_kernel, consts, ptrs, 4

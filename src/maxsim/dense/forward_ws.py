@@ -50,12 +50,11 @@ from maxsim._dispatch import cuda_index
 from maxsim._launch import launch
 from maxsim._tuning import multiprocessors, next_pow2
 
-HALF_ROWS = 128  # query rows per consumer warpgroup, by default
-# Registers per thread, by the number of consumer warpgroups: (at launch, the consumers' after
-# setmaxnreg). At launch the warpgroups (the consumers' and the producer's) must fit the 64K register
-# file: 12 warps x 168; then the consumers get 232 each and the producer 24.
-WS_REGS = {2: (168, 232), 3: (128, 160), 4: (96, 120)}
-WS_MAXNREG = WS_REGS[2][0]
+HALF_ROWS = 128  # query rows per consumer warpgroup (a plain int on the host: a constexpr in the
+HALF = gl.constexpr(HALF_ROWS)  # launch plan's arithmetic would specialise the kernel on its results)
+# Registers per thread at launch: 12 warps (two consumer warpgroups, the producer's) x 168 fit the
+# 64K register file; setmaxnreg then gives the consumers 232-248 and the producer 24.
+WS_MAXNREG = 168
 # MMAs per tile (SUB of _consumer), without and with the argmax: at in-batch 128 x 128 two took
 # 0.906-0.924 ms with the argmax against 0.912-0.949 for one, and 0.685 without it against 0.659
 # (benchmarks/probe_ws_argmax.py, results/ws-argmax-20261129-2016.log, -2017.log).
@@ -137,13 +136,12 @@ def _thread_argmax(s, k, base, HALF: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS: gl.constexpr, NCONS: gl.constexpr):
-    """(m-block, first document, document count) that consumer ``h`` of program ``pid`` walks: with
-    shared documents the NCONS consumers take m-blocks NCONS u .. NCONS u + NCONS - 1 (unit u)."""
+def _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS: gl.constexpr):
+    """(m-block, first document, document count) that consumer ``h`` of program ``pid`` walks."""
     if SPLIT_DOCS:
         n_units = n_mblocks
     else:
-        n_units = gl.cdiv(n_mblocks, NCONS)
+        n_units = gl.cdiv(n_mblocks, 2)
     unit = pid % n_units  # row blocks vary fastest: programs on one document run share it in L2
     doc0 = (pid // n_units) * docs_per_program
     n_docs = gl.minimum(docs_per_program, Nd - doc0)
@@ -151,11 +149,11 @@ def _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS: gl.constexpr, N
         first = gl.cdiv(n_docs, 2)  # consumer 0 takes the larger half
         return unit, doc0 + h * first, first - h * (2 * first - n_docs)
     else:
-        return NCONS * unit + h, doc0, n_docs
+        return 2 * unit + h, doc0, n_docs
 
 
 @gluon.jit
-def _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG: gl.constexpr, HALF: gl.constexpr, layout: gl.constexpr):
+def _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG: gl.constexpr, layout: gl.constexpr):
     """Rows of m-block ``i_m``: (query [HALF], token [HALF], row is real [HALF], query group, chunk).
     A block stacks HALF // SEG queries (SEG = pow2 >= Lq), or is chunk ``i_chunk`` of one long query."""
     QPB: gl.constexpr = HALF // SEG
@@ -170,11 +168,11 @@ def _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG: gl.constexpr, HALF: gl.co
 
 @gluon.jit
 def _producer(d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
-              BN: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr, NCONS: gl.constexpr):
+              BN: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr):
     """One warp: TMA loads of document tiles into the ring, a slot as soon as its readers free it.
     Ring position k holds tile k of the shared run, or (split) tile k // 2 of consumer k % 2's half."""
-    _, start0, count0 = _stream(0, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS, NCONS)
-    _, start1, count1 = _stream(1, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS, NCONS)
+    _, start0, count0 = _stream(0, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+    _, start1, count1 = _stream(1, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
     n0 = count0 * n_tiles
     n1 = count1 * n_tiles
     if SPLIT_DOCS:
@@ -247,9 +245,8 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
               pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
               BN: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
               HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr,
-              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, SUB: gl.constexpr,
-              HALF: gl.constexpr, NCONS: gl.constexpr):
-    """One warpgroup: MMAs of its query block ``q_smem[h] [HALF, d]`` (split documents: q_smem[0]) against the ring's tiles, in turn
+              SAVE_ARGMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, SUB: gl.constexpr):
+    """One warpgroup: MMAs of its query block ``q_smem [HALF, d]`` against the ring's tiles, in turn
     with the other consumer, and the max epilogue: scores [n_chunks?, Nq, Nd], argmax [Nq, Nd, Lq].
     The mask rules, NaN propagation and the argmax (lowest index among ties, -1 where nothing wins)
     are those of forward.py.
@@ -272,24 +269,14 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         STEP: gl.constexpr = 1
         OFF: gl.constexpr = 0
 
-    i_m, start, count = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS, NCONS)
+    i_m, start, count = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+    i_m_o, _, count_o = _stream(1 - h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
     n = count * n_tiles
-    active = i_m < n_mblocks  # shared documents: the last unit's m-blocks may run out
-    # The turn protocol: consumer h issues tile t once consumer h - 1 issued its tile t (consumer 0:
-    # once the unit's last active consumer issued tile t - 1), so the MMAs queue round robin on the
-    # tensor cores. n_prev: the MMAs that consumer issues (a wait only for those).
-    if SPLIT_DOCS:  # two consumers, a half of the documents each
-        _, _, count_o = _stream(1 - h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS, NCONS)
-        n_prev = count_o * n_tiles
-        last = 1
-    else:  # the same documents for all
-        n_prev = n
-        last = gl.minimum(n_mblocks - (i_m - h), NCONS) - 1  # the unit's last active consumer
-    if h == 0:
-        n_prev = gl.where(last > 0, n_prev, 0)
-    nxt = gl.where(h < last, h + 1, 0)  # the consumer whose turn this one's MMAs open
+    active = i_m < n_mblocks  # shared documents with an odd number of m-blocks: the last has one
+    # MMAs the other consumer issues (the turn protocol waits only for those)
+    n_other = gl.where(i_m_o < n_mblocks, count_o * n_tiles, 0)
 
-    o_q, o_s, m_row, i_qgroup, i_chunk = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, HALF, rows)
+    o_q, o_s, m_row, i_qgroup, i_chunk = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, rows)
     if HAS_QMASK:
         b_qm = gl.load(qmask_ptr + o_q.to(gl.int64) * Lq + o_s, mask=m_row, other=0) != 0  # [HALF]
     else:
@@ -299,13 +286,12 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
     m_qb = (o_qb < Nq) & active
 
     zero = gl.zeros([HALF, NS], gl.float32, mma_layout)
-    q_blk = q_smem.index(0 if SPLIT_DOCS else h)  # [HALF, d]
     if Q_IN_REGS:
         # The query block as the MMA's register operand: each MMA then reads only the document
         # tile from shared memory (at BN = 64, reading both would cap the tensor cores).
-        q_op = q_blk.load(gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2))
+        q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2))
     else:
-        q_op = q_blk
+        q_op = q_smem
     b_max = gl.full([HALF], NEG_INF, gl.float32, rows)
     if SAVE_ARGMAX:
         # The argmax without cross-thread work per tile: seen as [HALF, NS // 8, 8] (column
@@ -335,17 +321,19 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         slot = k % STAGES
         mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
         if active:
+            # Ping-pong: consumer 0 issues tile t after consumer 1 issued tile t-1; consumer 1
+            # after consumer 0 issued tile t. The MMAs queue in that order on the tensor cores.
             if h == 0:
-                mbarrier.wait(turn.index(0), (t - 1) & 1, pred=(t > 0) & (t <= n_prev))
+                mbarrier.wait(turn.index(0), (t - 1) & 1, pred=(t > 0) & (t <= n_other))
             else:
-                mbarrier.wait(turn.index(h), t & 1, pred=t < n_prev)
+                mbarrier.wait(turn.index(1), t & 1, pred=t < n_other)
             tile = d_smem.index(slot)  # [BN, d]
             if SUB == 1:
                 acc0 = warpgroup_mma(q_op, tile.permute((1, 0)), zero, use_acc=False, is_async=True)
             else:
                 acc0 = warpgroup_mma(q_op, tile.slice(0, NS).permute((1, 0)), zero, use_acc=False, is_async=True)
                 acc1 = warpgroup_mma(q_op, tile.slice(NS, NS).permute((1, 0)), zero, use_acc=False, is_async=True)
-            mbarrier.arrive(turn.index(nxt), count=1)
+            mbarrier.arrive(turn.index(1 - h), count=1)
 
             j = start + t // n_tiles  # document
             i_t = t % n_tiles  # its tile
@@ -406,13 +394,12 @@ def _maxsim_fwd_ws_kernel(
     stride_qn, stride_ql,  # Q [Nq, Lq, d], unit stride on d
     BN: gl.constexpr, BK: gl.constexpr, SEG: gl.constexpr, STAGES: gl.constexpr, SPLIT_DOCS: gl.constexpr,
     HAS_QMASK: gl.constexpr, HAS_DMASK: gl.constexpr, MULTIPLY: gl.constexpr, SAVE_ARGMAX: gl.constexpr,
-    Q_IN_REGS: gl.constexpr, SUB: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, CONS_REGS: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, SUB: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """d_desc: TMA descriptor of D as [Nd * Ld, BK], block [BN, BK]; masks bool [Nq, Lq] and
     [Nd, Ld] contiguous; out [n_chunks, Nq, Nd] (or [Nq, Nd]) fp32; argmax [Nq, Nd, Lq] int32.
-    The default partition (num_warps = 4) is consumer 0; NCONS consumers (2 with split documents) of
-    HALF rows each, CONS_REGS registers a thread."""
+    The default partition (num_warps = 4) is consumer 0."""
     pid = gl.program_id(0)
     n_tiles = gl.cdiv(Ld, BN)
 
@@ -421,14 +408,13 @@ def _maxsim_fwd_ws_kernel(
     # deepen the ring).
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     q_dtype: gl.constexpr = q_ptr.dtype.element_ty
-    N_QBLOCKS: gl.constexpr = 1 if SPLIT_DOCS else NCONS
+    N_QBLOCKS: gl.constexpr = 1 if SPLIT_DOCS else 2
     q_smem = gl.allocate_shared_memory(q_dtype, [N_QBLOCKS, HALF, BK],
                                        gl.NVMMASharedLayout.get_default_for([HALF, BK], q_dtype))
     o_k = gl.arange(0, BK, gl.SliceLayout(0, load_layout))
     for h in gl.static_range(N_QBLOCKS):
-        i_m, _, _ = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS, NCONS)
-        o_q, o_s, m_row, _, _ = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, HALF,
-                                            gl.SliceLayout(1, load_layout))
+        i_m, _, _ = _stream(h, pid, n_mblocks, Nd, docs_per_program, SPLIT_DOCS)
+        o_q, o_s, m_row, _, _ = _block_rows(i_m, n_mblocks, Nq, Lq, n_chunks, SEG, gl.SliceLayout(1, load_layout))
         p_q = q_ptr + o_q.to(gl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql + o_k[None, :]
         q_smem.index(h).store(gl.load(p_q, mask=m_row[:, None], other=0.0))  # [HALF, BK]
     fence_async_shared()
@@ -437,71 +423,36 @@ def _maxsim_fwd_ws_kernel(
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [STAGES, BN, BK], d_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NCONS, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1 if SPLIT_DOCS else NCONS)  # its readers
-    for s in gl.static_range(NCONS):
+        mbarrier.init(empty.index(s), count=1 if SPLIT_DOCS else 2)  # its readers
+    for s in gl.static_range(2):
         mbarrier.init(turn.index(s), count=1)
 
     # (The argument tuples are written out: a tuple built by concatenation turns constexprs into
-    # tensors.) Registers: the consumers' CONS_REGS and the producer's 24.
-    if NCONS == 2:
-        gl.warp_specialize([
-            (_consumer, (0, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_consumer, (1, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
-                         BN, STAGES, SPLIT_DOCS, NCONS)),
-        ], [4, 1], [CONS_REGS, 24])
-    elif NCONS == 3:
-        gl.warp_specialize([
-            (_consumer, (0, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_consumer, (1, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_consumer, (2, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
-                         BN, STAGES, SPLIT_DOCS, NCONS)),
-        ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
-    else:
-        gl.static_assert(NCONS == 4)
-        gl.warp_specialize([
-            (_consumer, (0, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_consumer, (1, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_consumer, (2, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_consumer, (3, q_smem, d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
-                         pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program, BN, SEG, STAGES,
-                         SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB, HALF, NCONS)),
-            (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
-                         BN, STAGES, SPLIT_DOCS, NCONS)),
-        ], [4, 4, 4, 1], [CONS_REGS, CONS_REGS, CONS_REGS, 24])
+    # tensors.)
+    gl.warp_specialize([
+        (_consumer, (0, q_smem.index(0), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr, out_ptr, argmax_ptr,
+                     pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB)),
+        (_consumer, (1, q_smem.index(0 if SPLIT_DOCS else 1), d_smem, ready, empty, turn, qmask_ptr, dmask_ptr,
+                     out_ptr, argmax_ptr, pid, Nq, Nd, Lq, Ld, n_chunks, n_mblocks, n_tiles, docs_per_program,
+                     BN, SEG, STAGES, SPLIT_DOCS, HAS_QMASK, HAS_DMASK, MULTIPLY, SAVE_ARGMAX, Q_IN_REGS, SUB)),
+        (_producer, (d_desc, d_smem, ready, empty, pid, n_mblocks, Nd, Ld, n_tiles, docs_per_program,
+                     BN, STAGES, SPLIT_DOCS)),
+    ], [4, 1], [232, 24])  # registers: consumer 1 and the producer (the kernel runs at maxnreg=168)
 
 
-def ws_plan(Nq: int, Nd: int, Lq: int, split_docs: bool | None, n_sms: int, half_rows: int = HALF_ROWS,
-            consumers: int = 2):
+def ws_plan(Nq: int, Nd: int, Lq: int, split_docs: bool | None, n_sms: int):
     """(SEG, chunks, m-blocks, split_docs, documents per program, programs) of one launch: about one
-    program per multiprocessor (a program holds ~200 KB of shared memory). half_rows: query rows
-    per consumer; consumers: their number (shared documents)."""
-    seg = min(next_pow2(Lq), half_rows)
+    program per multiprocessor (a program holds ~200 KB of shared memory)."""
+    seg = min(next_pow2(Lq), HALF_ROWS)
     n_chunks = -(-Lq // seg)
-    n_mblocks = -(-Nq // (half_rows // seg)) * n_chunks
+    n_mblocks = -(-Nq // (HALF_ROWS // seg)) * n_chunks
     if split_docs is None:
-        split_docs = n_mblocks == 1 and consumers == 2  # one row block: two consumers split the documents
-    units = n_mblocks if split_docs else -(-n_mblocks // consumers)
+        split_docs = n_mblocks == 1  # one row block: its two consumers split the documents
+    units = n_mblocks if split_docs else -(-n_mblocks // 2)
     docs_per_program = max(1, -(-Nd // max(1, n_sms // units)))
     return seg, n_chunks, n_mblocks, split_docs, docs_per_program, units * -(-Nd // docs_per_program)
 
@@ -524,7 +475,7 @@ def tma_ready(D: torch.Tensor) -> bool:
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
-                      sub_tiles: int | None = None, half_rows: int = HALF_ROWS, consumers: int = 2,
+                      sub_tiles: int | None = None,
                       argmax_out: torch.Tensor | None = None,
                       poison: bool = False, keep_plan: bool = False):
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
@@ -534,8 +485,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     tokens per tile (128).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
     query block as the MMA's register operand. sub_tiles: MMAs per tile, 1 or 2 (None:
-    ``WS_SUB_TILES``). half_rows (64 or 128) and consumers (2, 3 or 4; 2 with split documents):
-    the query rows of a consumer warpgroup and their number. Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled
+    ``WS_SUB_TILES``). Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled
     before the launch, so an element the kernel fails to write cannot pass for a result.
     keep_plan: return ``(scores, argmax, plan)``, plan a :class:`WarpSpecializedPlan` of this launch
     (None where it cannot replay: masks, a copied input, Triton's ordinary launch path)."""
@@ -544,13 +494,10 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         raise ValueError("maxsim_forward_ws: Q [Nq, Lq, d] and D [Nd, Ld, d], fp16 or bf16, d in (64, 128)")
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[0], D.shape[1]
-    if half_rows not in (64, 128) or consumers not in WS_REGS:
-        raise ValueError(f"maxsim_forward_ws: half_rows in (64, 128), consumers in {tuple(WS_REGS)}")
     seg, n_chunks, n_mblocks, split_docs, docs_per_program, n_programs = ws_plan(
-        Nq, Nd, Lq, split_docs, multiprocessors(cuda_index(Q)), half_rows, consumers)
-    if split_docs and (STAGES % 2 or consumers != 2):
-        raise ValueError("maxsim_forward_ws: split documents need two consumers and an even STAGES "
-                         "(a slot per consumer parity)")
+        Nq, Nd, Lq, split_docs, multiprocessors(cuda_index(Q)))
+    if split_docs and STAGES % 2:
+        raise ValueError("maxsim_forward_ws: split documents need an even STAGES (a slot per consumer parity)")
     d_ready = tma_ready(D)
     in_place = Q.stride(-1) == 1 and d_ready  # (no copy: a plan may replay this launch)
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
@@ -578,9 +525,8 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
          argmax if argmax is not None else out, *ints),
         dict(BN=BN, BK=d, SEG=seg, STAGES=STAGES, SPLIT_DOCS=split_docs,
              HAS_QMASK=qm is not None, HAS_DMASK=dm is not None, MULTIPLY=multiply, SAVE_ARGMAX=save_argmax,
-             Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], HALF=half_rows, NCONS=consumers,
-             CONS_REGS=WS_REGS[consumers][1], num_warps=4),
-        num_warps=4, maxnreg=WS_REGS[consumers][0],
+             Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], num_warps=4),
+        num_warps=4, maxnreg=WS_MAXNREG,
     )
     scores = out if n_chunks == 1 else out.sum(0)
     if not keep_plan:
