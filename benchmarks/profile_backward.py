@@ -56,8 +56,8 @@ def main():
         for strategy in ("unified", "lowmem"):
             results = []
             for BS, warps, rotate in itertools.product((4, 8, 16, 32), (4, 8), (0, 1)):
-                B.gather_config = lambda Lq, BD, cand, BS=BS, warps=warps, rotate=rotate: (
-                    min(BS, triton.next_power_of_2(Lq)), warps, rotate)
+                B.gather_config = lambda Lq, BD, cand, scatter=True, BS=BS, warps=warps, rotate=rotate: (
+                    min(BS, triton.next_power_of_2(Lq)), warps, rotate, 1)
                 try:
                     fn = lambda: B.maxsim_backward(g, Q, D4, arg, normalize=False, strategy=strategy)  # noqa: E731
                     gq, gd = fn()

@@ -121,9 +121,11 @@ def backward_variants():
     gptrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", arg_ptr="i32", qinv_ptr="fp32", dinv_ptr="fp32",
                  gq_ptr="bf16", gd_ptr="fp32")
     for cand, norm, scatter in [(False, False, True), (False, True, True), (True, False, False), (True, True, False)]:
-        c = dict(BS=16, BD=128, CANDIDATES=cand, NORMALIZE=norm, SCATTER_D=scatter)
-        yield f"bwd gather cand={cand} norm={norm} scatter={scatter}", _maxsim_bwd_gather_kernel, c, gptrs, 4
-    yield "bwd gather d=1024", _maxsim_bwd_gather_kernel, dict(BS=8, BD=1024, CANDIDATES=False, NORMALIZE=False,
+        c = dict(BS=16 if scatter else 2, BD=128, KB=1 if scatter else 16, CANDIDATES=cand, NORMALIZE=norm,
+                 SCATTER_D=scatter)
+        yield f"bwd gather cand={cand} norm={norm} scatter={scatter}", _maxsim_bwd_gather_kernel, c, gptrs, \
+            4 if scatter else 2
+    yield "bwd gather d=1024", _maxsim_bwd_gather_kernel, dict(BS=8, BD=1024, KB=1, CANDIDATES=False, NORMALIZE=False,
                                                               SCATTER_D=True), gptrs, 8
     optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i32", rowptr_ptr="i32", dinv_ptr="fp32",
                  qinv_ptr="fp32", gd_ptr="bf16")

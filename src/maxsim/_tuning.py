@@ -119,7 +119,9 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
       1.12-1.23 ms against 16.8M tokens; otherwise BM=128, BN=64, running [BM, BN] max, pointer
       loads (TMA was no faster at 1 x 1K and adds host time);
     - fewer rows (one short query, or candidate lists): bandwidth-bound, BM=16-64, BN=128; on a
-      big corpus at d <= 64, TMA with 4 stages (0.96 against 1.05 ms at 1 x 520K (32, 300));
+      big corpus at d <= 64, TMA with 4 stages (0.96 against 1.05 ms at 1 x 520K (32, 300)); with
+      the argmax on candidate lists (training), BN=64 and 4 waves (25.9 against 31.3 us at 32 x 32
+      candidates (32, 300), the best of 216 configurations: benchmarks/probe_lists_gather.py);
     - with the argmax (training), long queries: BM=64, BN=128, TMA: the row-max variant also holds
       the winning tile [BM, BN] and BM=64 keeps both in registers (1.07 against 1.38 ms at in-batch
       128 x 128; a training step 1.55 against 1.86 ms); short queries: BM=256, BN=64, 3 stages,
@@ -160,6 +162,9 @@ def forward_config(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: boo
         cfg = ForwardConfig(BM=128, BN=64, BK=bk, num_warps=8, num_stages=3)
     elif big_corpus and d <= 64:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=4, tma=True)
+    elif argmax and candidates:
+        # Training on candidate lists: half the tile and twice the programs.
+        cfg = ForwardConfig(BM=max(16, rows), BN=64, BK=bk, num_warps=4, num_stages=3, waves=4)
     else:
         cfg = ForwardConfig(BM=max(16, rows), BN=128, BK=bk, num_warps=4, num_stages=3)
     if argmax and cfg.row_max and compute_bound and d <= 128:

@@ -60,11 +60,12 @@ def _maxsim_bwd_gather_kernel(
     q_ptr, d_ptr, g_ptr, arg_ptr, qinv_ptr, dinv_ptr, gq_ptr, gd_ptr,
     Nq, Nd, Lq, Ld, dim, rotate,
     stride_dq, stride_dn, stride_dl,  # D [Nq|1, Nd, Ld, d], unit stride on d
-    BS: tl.constexpr, BD: tl.constexpr,
+    BS: tl.constexpr, BD: tl.constexpr, KB: tl.constexpr,
     CANDIDATES: tl.constexpr, NORMALIZE: tl.constexpr, SCATTER_D: tl.constexpr,
 ):
     """One program per (query i, block of BS query tokens): walks every document j, from
-    document i * rotate (rotate 0 or 1).
+    document i * rotate (rotate 0 or 1), KB documents a step (their winners' loads all in flight at
+    once: a short walk, as in candidate lists, is otherwise a chain of dependent loads).
 
     Q [Nq, Lq, d] contiguous; g [Nq, Nd] fp32; argmax [Nq, Nd, Lq] int32; qinv [Nq, Lq] and
     dinv [Nq|1, Nd, Ld] fp32 inverse norms (NORMALIZE); grad_Q [Nq, Lq, d] in Q's dtype;
@@ -85,24 +86,29 @@ def _maxsim_bwd_gather_kernel(
         b_q = b_q * b_qinv[:, None]  # unit vectors
     b_acc = tl.zeros([BS, BD], dtype=tl.float32)
     i_dq = i_q if CANDIDATES else 0  # which document set: this query's own, or the shared one
-    for jj in range(0, Nd):
+    o_kb = tl.arange(0, KB)
+    for j0 in range(0, Nd, KB):
         # rotate = 1: each query starts at another document, so concurrent programs' atomics
         # spread out; 0: all walk the documents in step, so the grad_D rows being written at one
         # time are few and stay in L2 (gather_config says which is faster where).
-        j = ((jj + i_q * rotate) % Nd).to(tl.int64)
-        g = tl.load(g_ptr + i_q * Nd + j)
-        b_t = tl.load(arg_ptr + (i_q * Nd + j) * Lq + o_s, mask=m_s, other=-1)  # [BS] winners
+        m_j = j0 + o_kb < Nd  # [KB]
+        j = ((j0 + o_kb + i_q * rotate) % Nd).to(tl.int64)  # [KB] documents
+        g = tl.load(g_ptr + i_q * Nd + j, mask=m_j, other=0.0)[:, None, None]  # [KB, 1, 1]
+        b_t = tl.load(arg_ptr + (i_q * Nd + j)[:, None] * Lq + o_s[None, :], mask=m_j[:, None] & m_s[None, :],
+                      other=-1)  # [KB, BS] winners
         m_win = b_t >= 0
-        b_t = tl.maximum(b_t, 0)
-        p_rows = d_ptr + i_dq * stride_dq + j * stride_dn + b_t.to(tl.int64)[:, None] * stride_dl + o_d[None, :]
-        m_wd = m_win[:, None] & m_d[None, :]
-        b_dw = tl.load(p_rows, mask=m_wd, other=0.0).to(tl.float32)  # [BS, BD] gathered winners
-        o_row = (i_dq * Nd + j) * Ld + b_t.to(tl.int64)  # [BS] winner's row in grad_D
+        b_t = tl.maximum(b_t, 0).to(tl.int64)
+        p_rows = d_ptr + i_dq * stride_dq + (j * stride_dn)[:, None, None] + (b_t * stride_dl)[:, :, None] \
+            + o_d[None, None, :]
+        m_wd = m_win[:, :, None] & m_d[None, None, :]
+        b_dw = tl.load(p_rows, mask=m_wd, other=0.0).to(tl.float32)  # [KB, BS, BD] gathered winners
+        o_row = (i_dq * Nd + j)[:, None] * Ld + b_t  # [KB, BS] winner's row in grad_D
         if NORMALIZE:
-            b_dw = b_dw * tl.load(dinv_ptr + o_row, mask=m_win, other=0.0)[:, None]
-        b_acc += g * b_dw
+            b_dw = b_dw * tl.load(dinv_ptr + o_row, mask=m_win, other=0.0)[:, :, None]
+        b_acc += tl.sum(g * b_dw, axis=0)
         if SCATTER_D:
-            tl.atomic_add(gd_ptr + o_row[:, None] * dim + o_d[None, :], g * b_q, mask=m_wd, sem="relaxed")
+            tl.atomic_add(gd_ptr + o_row[:, :, None] * dim + o_d[None, None, :], g * b_q[None, :, :], mask=m_wd,
+                          sem="relaxed")
     if NORMALIZE:
         # G . q_hat, then the Jacobian of q / |q|.
         b_acc = _through_normalization(b_acc, b_q, b_qinv)
@@ -275,19 +281,30 @@ def _normalize_jacobian_kernel(
     tl.store(gd_ptr + o_r[:, None] * dim + o_d[None, :], b_g.to(gd_ptr.dtype.element_ty), mask=m)
 
 
-def gather_config(Lq: int, BD: int, candidates: bool) -> tuple[int, int, int]:
-    """(query tokens per program, warps, rotate) of the gather kernel, from H200 sweeps
-    (benchmarks/profile_backward.py, probe_backward_gather.py; BENCHMARKS.md): long queries in the
-    cross product want narrow programs walking the documents in step (BS=4, 4 warps, rotate 0:
-    416 against 453 us for BS=8, 8 warps, rotated, at 128 x 128 x 128 x 1024); candidate lists
-    have few query rows per document set and want wide ones (BS=32: 151 against 180 us)."""
-    if candidates:
+def gather_config(Lq: int, BD: int, candidates: bool, scatter: bool = True) -> tuple[int, int, int, int]:
+    """(query tokens per program BS, warps, rotate, documents per step KB) of the gather kernel, from
+    H200 sweeps (benchmarks/profile_backward.py, probe_backward_gather.py, probe_lists_gather.py;
+    BENCHMARKS.md):
+    - long queries in the cross product want narrow programs walking the documents in step (BS=4,
+      4 warps, rotate 0: 416 against 453 us for BS=8, 8 warps, rotated, at 128 x 128 x 128 x 1024);
+      more documents a step gained 1-3 % there, beside grad_D's atomics;
+    - candidate lists with grad_D's atomics (``scatter``, unified) want wide ones (BS=32: 151
+      against 180 us); without (lowmem), narrow ones on 2 warps with 16 documents a step: each
+      query walks only its own few candidates, so the walk is short and its loads should all be in
+      flight. At 32 x 32 x 32 x 300 the lowmem backward took 41 us (cold L2) against 89 for BS=32,
+      KB=1 (one program per query: 32 programs on 132 multiprocessors) and 59 for BS=4, KB=1
+      (results/lists-20261130-0047.log)."""
+    KB = 1
+    if candidates and scatter:
         BS, warps, rotate = 32, 4, 1
+    elif candidates:
+        BS, warps, rotate, KB = 2, 2, 1, 16
     elif Lq >= 128:
         BS, warps, rotate = 4, 4, 0
     else:
         BS, warps, rotate = 16, 4, 1
-    return max(1, min(BS, next_pow2(Lq), 8192 // BD)), warps, rotate
+    BS = max(1, min(BS, next_pow2(Lq), 8192 // BD))
+    return BS, warps, rotate, max(1, min(KB, 8192 // (BS * BD)))
 
 
 def _inverse_norms(x: torch.Tensor) -> torch.Tensor:
@@ -328,14 +345,14 @@ def maxsim_backward(
     qinv = _inverse_norms(Q) if normalize else g  # any tensor when unused
     dinv = _inverse_norms(D) if normalize else g
     BD = max(16, next_pow2(d))
-    BS, gather_warps, rotate = gather_config(Lq, BD, candidates)
-    stride_dq = D.stride(0) if candidates else 0
     unified = strategy == "unified"
+    BS, gather_warps, rotate, KB = gather_config(Lq, BD, candidates, scatter=unified)
+    stride_dq = D.stride(0) if candidates else 0
     gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
     launch(
         _maxsim_bwd_gather_kernel, (Nq * -(-Lq // BS),),
         (Q, D, g, argmax, qinv, dinv, grad_Q, gd32, Nq, Nd, Lq, Ld, d, rotate, stride_dq, D.stride(1), D.stride(2)),
-        dict(BS=BS, BD=BD, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified),
+        dict(BS=BS, BD=BD, KB=KB, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified),
         num_warps=gather_warps, num_stages=DEFAULT_STAGES,
     )
     if unified:
