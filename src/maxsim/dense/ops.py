@@ -113,7 +113,9 @@ UNIFIED_MAX_FP32_BYTES = 2 * 2**30
 # Longest query for which auto sends candidate lists to lowmem's one-hot kernel. Its work per
 # document token grows with Lq (a [tokens, Lq] x [Lq, d] product); unified's (zero, atomics, cast
 # of an fp32 buffer) hardly does. Backward alone, 32 x 32 candidates (Lq, 300), H200: lowmem 85 /
-# 106 / 140 / 319 us against unified 149 / 154 / 177 / 319 us at Lq 32 / 128 / 256 / 1024.
+# 106 / 140 / 319 us against unified 149 / 154 / 177 / 319 us at Lq 32 / 128 / 256 / 1024
+# (2026-11-29). Since 2026-11-30 lowmem's gather is narrower: 41 us at Lq 32 (cold L2); the
+# longer queries were not timed again, so the threshold stands.
 LISTS_MAX_LQ = 256
 
 
