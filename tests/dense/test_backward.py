@@ -89,6 +89,15 @@ def test_gradients_wide_embeddings_candidates(backward):
     compare(Q, D, backward=backward)
 
 
+@pytest.mark.parametrize("backward", ["unified", "lowmem"])
+def test_gradients_long_candidate_lists(backward):
+    # 37 candidates: the gather walks them several at a time (gather_config's KB), the last step
+    # ragged; Lq 5 leaves the last block of query tokens ragged too.
+    Q, D = small_ints(3, 5, 16), small_ints(3, 37, 12, 16)
+    d_mask = torch.rand(D.shape[:-1], device=KERNEL_DEVICE) > 0.3
+    compare(Q, D, None, d_mask, backward=backward)
+
+
 def test_ties_send_gradient_to_the_lowest_index():
     Q, D = small_ints(2, 5, 16), small_ints(3, 12, 16)
     D[:, 7] = D[:, 2]  # duplicates of token 2, later in each document
