@@ -16,10 +16,16 @@ gather reads D rows), writes grad_D once in bf16, and is bitwise deterministic:
 
 If grad_D here plus lowmem's grad_Q gather come to well under unified's backward, this replaces the
 counting sort of lowmem on the cross product and could make it the default (no fp32 buffer, no
-atomics, deterministic). Written 2026-11-30, checked in the interpreter (--check-only: it matches
-unified's grad_D, bitwise the same run to run) and compiled for sm_90 (255 registers, no spill, the
-dots on wgmma at R = 64 and 128); NOT yet run on a GPU. The GPU run also times lowmem's grad_Q
-gather alone: the sum of the two is what would replace unified's backward.
+atomics, deterministic). Checked in the interpreter (--check-only: it matches unified's grad_D,
+bitwise the same run to run) and compiled for sm_90 (255 registers, no spill, the dots on wgmma at
+R = 64 and 128).
+
+Result (H200, 2026-11-30 01:18 UTC, results/scan-owned-20261130-0118.log; in-batch 128 x 128):
+correct on the GPU (rel err 1.1e-4 against unified, bitwise run to run), but slow. The best tile
+(R 64, CH 4096, BE 64, 4 warps) took 728 us for grad_D alone, the others 815-853; with lowmem's
+grad_Q gather (219 us) that is 947 us, against 418 for unified's whole backward and 898 for
+lowmem's. Each program runs one dependent chain (scan, compact, read back, gather Q rows, dot) at
+two programs an SM (255 registers), so it is latency-bound. Not taken into the library.
 
     python benchmarks/probe_scan_owned.py            (GPU: check, then time against the library)
     TRITON_INTERPRET=1 python benchmarks/probe_scan_owned.py --check-only   (CPU: a small check)
