@@ -170,6 +170,7 @@ def test_auto_strategy_rule():
     lists = torch.empty(4, 8, 30, 16)  # [Nq, K, Ld, d]
     shared = torch.empty(1, 8, 30, 16)  # cross product, as the launcher sees it
     assert choose_strategy("auto", lists, 32) == "lowmem"
+    assert choose_strategy("auto", lists, LISTS_MAX_LQ) == "lowmem"
     assert choose_strategy("auto", lists, LISTS_MAX_LQ + 1) == "unified"
     assert choose_strategy("auto", shared, 32) == "unified"
     assert choose_strategy("unified", lists, 32) == "unified"

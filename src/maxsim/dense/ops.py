@@ -112,11 +112,11 @@ _DenseMaxSim = make_differentiable(
 UNIFIED_MAX_FP32_BYTES = 2 * 2**30
 # Longest query for which auto sends candidate lists to lowmem's one-hot kernel. Its work per
 # document token grows with Lq (a [tokens, Lq] x [Lq, d] product); unified's (zero, atomics, cast
-# of an fp32 buffer) hardly does. Backward alone, 32 x 32 candidates (Lq, 300), H200: lowmem 85 /
-# 106 / 140 / 319 us against unified 149 / 154 / 177 / 319 us at Lq 32 / 128 / 256 / 1024
-# (2026-11-29). Since 2026-11-30 lowmem's gather is narrower: 41 us at Lq 32 (cold L2); the
-# longer queries were not timed again, so the threshold stands.
-LISTS_MAX_LQ = 256
+# of an fp32 buffer) grows more slowly. Backward alone, 32 x 32 candidates (Lq, 300), H200, cold L2
+# (2026-11-30, benchmarks/probe_lists_threshold.py): lowmem 42 / 78 / 122 / 205 / 288 / 370 us
+# against unified 147 / 153 / 178 / 250 / 275 / 322 us at Lq 32 / 128 / 256 / 512 / 768 / 1024;
+# the whole step: 354 against 400 us at 512, 521 against 513 at 768.
+LISTS_MAX_LQ = 512
 
 
 def choose_strategy(backward: str, D: torch.Tensor, Lq: int) -> str:
@@ -169,7 +169,7 @@ def maxsim(
         backward: how grad_D is reduced when Q or D requires grad: ``"unified"`` (fp32 atomics
             into an fp32 buffer the size of D: fastest, last bits vary run to run), ``"lowmem"``
             (each document token sums its own contributions: no atomics, no fp32 buffer,
-            bitwise deterministic) or ``"auto"`` (lowmem for candidate lists with Lq <= 256, else unified
+            bitwise deterministic) or ``"auto"`` (lowmem for candidate lists with Lq <= 512, else unified
             unless its fp32 buffer would pass 2 GiB).
 
     Returns:
