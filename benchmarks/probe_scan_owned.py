@@ -20,7 +20,7 @@ atomics, deterministic). Checked in the interpreter (--check-only: it matches un
 bitwise the same run to run) and compiled for sm_90 (255 registers, no spill, the dots on wgmma at
 R = 64 and 128).
 
-Result (H200, 2026-11-30 01:18 UTC, results/scan-owned-20261130-0118.log; in-batch 128 x 128):
+Result (H200, 2026-11-30 01:17 UTC, results/scan-owned-20261130-0117.log; in-batch 128 x 128):
 correct on the GPU (rel err 1.1e-4 against unified, bitwise run to run), but slow. The best tile
 (R 64, CH 4096, BE 64, 4 warps) took 728 us for grad_D alone, the others 815-853; with lowmem's
 grad_Q gather (219 us) that is 947 us, against 418 for unified's whole backward and 898 for

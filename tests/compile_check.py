@@ -25,8 +25,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from maxsim.dense.backward import (
-    OWNED_BLOCK,
-    OWNED_WARPS,
     _csr_count_kernel,
     _maxsim_bwd_gather_kernel,
     _maxsim_bwd_lists_kernel,
@@ -130,8 +128,9 @@ def backward_variants():
     optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i32", rowptr_ptr="i32", dinv_ptr="fp32",
                  qinv_ptr="fp32", gd_ptr="bf16")
     for norm in (False, True):
-        yield f"bwd owned norm={norm}", _maxsim_bwd_owned_kernel, dict(BE=OWNED_BLOCK, BD=128, NORMALIZE=norm), optrs, \
-            OWNED_WARPS
+        for block, warps in ((16, 1), (32, 1), (64, 2)):  # owned_config's choices
+            yield f"bwd owned BE={block} w{warps} norm={norm}", _maxsim_bwd_owned_kernel, \
+                dict(BE=block, BD=128, NORMALIZE=norm), optrs, warps
     cptrs = dict(arg_ptr="i32", counts_ptr="i32", rowptr_ptr="i32", order_ptr="i32")
     for place in (False, True):
         yield f"bwd counting sort place={place}", _csr_count_kernel, dict(PLACE=place, BLOCK=1024), cptrs, 4

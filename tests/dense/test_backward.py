@@ -82,6 +82,19 @@ def test_gradients_half_precision(dtype, backward, layout):
     compare(Q, D, backward=backward, tol=1e-2)
 
 
+# Rows of 0.7, 24 and 85 entries on average (Nq * Lq / Ld): each (block, warps) of owned_config,
+# the last with rows of several blocks (several sorted passes).
+OWNED_SHAPES = [(3, 20, 90), (6, 40, 10), (8, 64, 6)]
+
+
+@pytest.mark.parametrize("nq, lq, ld", OWNED_SHAPES)
+def test_lowmem_every_owned_config(nq, lq, ld):
+    from maxsim.dense.backward import owned_config
+
+    assert len({owned_config(*shape) for shape in OWNED_SHAPES}) == len(OWNED_SHAPES)
+    compare(small_ints(nq, lq, 16), small_ints(5, ld, 16), backward="lowmem")
+
+
 @pytest.mark.parametrize("backward", ["unified", "lowmem"])
 def test_gradients_wide_embeddings_candidates(backward):
     # d = 200: the padded embedding block (256) narrows the one-hot kernel's token tile.
@@ -214,7 +227,7 @@ def test_lowmem_owned_sum_ignores_the_placement_order(normalize):
     # On the GPU the counting sort's atomics leave each row's entries in any order; the owned
     # kernel must sum them in ascending entry order anyway (bitwise the same grad_D). One token
     # wins for almost every query token, so its rows hold far more entries than one block
-    # (OWNED_BLOCK) and take the multi-pass path.
+    # (owned_config) and take the multi-pass path.
     from maxsim.dense import backward as B
     from maxsim.dense.forward import maxsim_forward
 
@@ -231,7 +244,7 @@ def test_lowmem_owned_sum_ignores_the_placement_order(normalize):
     rowptr = torch.zeros(n_docs * Ld + 1, dtype=torch.int32, device=KERNEL_DEVICE)
     order = torch.empty(5 * n_docs * 33, dtype=torch.int32, device=KERNEL_DEVICE)
     B.invert_argmax(argmax, 0, n_docs, Ld, counts, rowptr, order)
-    assert int(counts.abs().sum()) == 0 and int((rowptr[1:] - rowptr[:-1]).max()) > 2 * B.OWNED_BLOCK
+    assert int(counts.abs().sum()) == 0 and int((rowptr[1:] - rowptr[:-1]).max()) > 2 * B.owned_config(5, 33, Ld)[0]
     grads = []
     for shuffle in (False, True):
         o = order.clone()

@@ -43,9 +43,22 @@ LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
 LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 LOWMEM_BYTES_PER_ENTRY = 4
 LOWMEM_BYTES_PER_ROW = 8
-# Entries a lowmem program sums at once (one sorted block); rows with more take several passes.
-OWNED_BLOCK = 32
-OWNED_WARPS = 1  # one warp a document token: the sort and the sum stay in the warp
+def owned_config(Nq: int, Lq: int, Ld: int) -> tuple[int, int]:
+    """(BE, warps) of the lowmem owned kernel: BE entries summed at once (one sorted block; a row of
+    c entries takes ceil(c / BE)^2 merges) by a program of ``warps`` warps a document token. Rows
+    hold Nq * Lq / Ld entries on average. Whole lowmem backward, H200, cold L2
+    (benchmarks/probe_lowmem.py, results/lowmem-20261130-0139.log, lowmem-colpali-20261130-0145.log):
+
+    - 16 a row (in-batch 128 x 128, (128, 1024)): BE 16 on 1 warp, 809 us (BE 32: 898);
+    - 45 (256 x 256, (32, 180)): BE 32 on 1 warp, 809 us (BE 16: 905; BE 64 on 2 warps: 897);
+    - 128 (ColPali B = 128, (1024, 1024)): BE 64 on 2 warps, 6.68 ms (BE 32 on 1 warp: 7.57).
+
+    The block sets the summation tree, so grad_D's bits depend on it (still bitwise the same run to
+    run)."""
+    per_row = Nq * Lq / max(Ld, 1)
+    if per_row <= 16:
+        return 16, 1
+    return (32, 1) if per_row <= 64 else (64, 2)
 
 
 @triton.jit
@@ -432,8 +445,9 @@ def sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, nor
     """grad_D's rows of documents row0 .. row0 + n_docs from their inverse map (invert_argmax)."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
+    BE, warps = owned_config(Nq, Lq, Ld)
     launch(
         _maxsim_bwd_owned_kernel, (n_docs * Ld,),
         (Q, D, g, order, rowptr, dinv, qinv, grad_D, Nd, Lq, Ld, d, row0, n_docs, D.stride(1), D.stride(2)),
-        dict(BE=OWNED_BLOCK, BD=BD, NORMALIZE=normalize), num_warps=OWNED_WARPS, num_stages=DEFAULT_STAGES,
+        dict(BE=BE, BD=BD, NORMALIZE=normalize), num_warps=warps, num_stages=DEFAULT_STAGES,
     )
