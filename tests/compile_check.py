@@ -123,6 +123,9 @@ def backward_variants():
                  SCATTER_D=scatter)
         yield f"bwd gather cand={cand} norm={norm} scatter={scatter}", _maxsim_bwd_gather_kernel, c, gptrs, \
             4 if scatter else 2
+    for norm in (False, True):  # lowmem's gather on the cross product: two documents a step
+        yield f"bwd gather cross lowmem norm={norm}", _maxsim_bwd_gather_kernel, \
+            dict(BS=16, BD=128, KB=2, CANDIDATES=False, NORMALIZE=norm, SCATTER_D=False), gptrs, 2
     yield "bwd gather d=1024", _maxsim_bwd_gather_kernel, dict(BS=8, BD=1024, KB=1, CANDIDATES=False, NORMALIZE=False,
                                                               SCATTER_D=True), gptrs, 8
     optrs = dict(q_ptr="bf16", d_ptr="bf16", g_ptr="fp32", order_ptr="i32", rowptr_ptr="i32", dinv_ptr="fp32",

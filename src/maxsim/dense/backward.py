@@ -43,6 +43,8 @@ LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
 LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 LOWMEM_BYTES_PER_ENTRY = 4
 LOWMEM_BYTES_PER_ROW = 8
+
+
 def owned_config(Nq: int, Lq: int, Ld: int) -> tuple[int, int]:
     """(BE, warps) of the lowmem owned kernel: BE entries summed at once (one sorted block; a row of
     c entries takes ceil(c / BE)^2 merges) by a program of ``warps`` warps a document token. Rows
@@ -296,26 +298,32 @@ def _normalize_jacobian_kernel(
 
 def gather_config(Lq: int, BD: int, candidates: bool, scatter: bool = True) -> tuple[int, int, int, int]:
     """(query tokens per program BS, warps, rotate, documents per step KB) of the gather kernel, from
-    H200 sweeps (benchmarks/profile_backward.py, probe_backward_gather.py, probe_lists_gather.py;
-    BENCHMARKS.md):
-    - long queries in the cross product want narrow programs walking the documents in step (BS=4,
-      4 warps, rotate 0: 416 against 453 us for BS=8, 8 warps, rotated, at 128 x 128 x 128 x 1024);
-      more documents a step gained 1-3 % there, beside grad_D's atomics;
-    - candidate lists with grad_D's atomics (``scatter``, unified) want wide ones (BS=32: 151
-      against 180 us); without (lowmem), narrow ones on 2 warps with 16 documents a step: each
-      query walks only its own few candidates, so the walk is short and its loads should all be in
-      flight. At 32 x 32 x 32 x 300 the lowmem backward took 41 us (cold L2) against 89 for BS=32,
-      KB=1 (one program per query: 32 programs on 132 multiprocessors) and 59 for BS=4, KB=1
-      (results/lists-20261130-0047.log)."""
+    H200 sweeps (benchmarks/profile_backward.py, probe_backward_gather.py, probe_lists_gather.py,
+    probe_cross_gather.py; BENCHMARKS.md):
+    - cross product with grad_D's atomics (``scatter``, unified): up to Lq 128, narrow programs
+      walking the documents in step (BS=4, 4 warps, rotate 0: 416 against 453 us for BS=8, 8 warps,
+      rotated, at 128 x 128 x 128 x 1024; the atomics set the time, 48 configurations came within
+      5 %); long queries want BS=16 on 2 warps (ColPali B = 128, Lq 1024: 2.67 against 3.25 ms);
+    - cross product without (lowmem): narrow programs on 2 warps with two documents a step, or BS=16
+      on 2 warps for long queries: 105 against 218 us at Lq 128 (128 x 128), 148 against 228 at
+      Lq 32 (256 x 256), 0.67 against 1.43 ms at Lq 1024 (ColPali B = 128)
+      (results/cross-gather-20261130-0152.log, cross-gather-scatter-20261130-0152.log);
+    - candidate lists with grad_D's atomics want wide programs (BS=32: 151 against 180 us); without
+      (lowmem), narrow ones on 2 warps with 16 documents a step: each query walks only its own few
+      candidates, so the walk is short and its loads should all be in flight. At 32 x 32 x 32 x 300
+      the lowmem backward took 41 us (cold L2) against 89 for BS=32, KB=1 (one program per query:
+      32 programs on 132 multiprocessors) and 59 for BS=4, KB=1 (results/lists-20261130-0047.log)."""
     KB = 1
     if candidates and scatter:
         BS, warps, rotate = 32, 4, 1
     elif candidates:
         BS, warps, rotate, KB = 2, 2, 1, 16
-    elif Lq >= 128:
-        BS, warps, rotate = 4, 4, 0
+    elif Lq >= 1024:
+        BS, warps, rotate = 16, 2, 0
+    elif scatter:
+        BS, warps, rotate = (4, 4, 0) if Lq >= 128 else (16, 4, 1)
     else:
-        BS, warps, rotate = 16, 4, 1
+        BS, warps, rotate, KB = (16, 2, 0, 2) if Lq >= 128 else (4, 2, 1, 2)
     BS = max(1, min(BS, next_pow2(Lq), 8192 // BD))
     return BS, warps, rotate, max(1, min(KB, 8192 // (BS * BD)))
 
