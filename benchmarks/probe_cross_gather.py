@@ -16,7 +16,6 @@ import itertools
 import torch
 
 import maxsim.dense.backward as B
-from maxsim._launch import launch
 from maxsim.bench.timing import cold_ms
 from maxsim.dense.forward import maxsim_forward
 
@@ -26,14 +25,9 @@ SHAPES = [(128, 128, 128, 1024), (256, 256, 32, 180), (128, 128, 1024, 1024)]  #
 def gather(Q, D, g, arg, BS, warps, rotate, KB, scatter=False):
     """grad_Q [Nq, Lq, d] by the library's gather kernel; with ``scatter`` also grad_D's atomics
     into a zeroed fp32 buffer (unified's kernel, the zeroing included)."""
-    Nq, Lq, d = Q.shape
-    Nd, Ld = D.shape[1], D.shape[2]
     gq = torch.empty_like(Q)
-    gd = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if scatter else g
-    launch(B._maxsim_bwd_gather_kernel, (Nq * -(-Lq // BS),),
-           (Q, D, g, arg, g, g, gq, gd, Nq, Nd, Lq, Ld, d, rotate, 0, D.stride(1), D.stride(2)),
-           dict(BS=BS, BD=128, KB=KB, CANDIDATES=False, NORMALIZE=False, SCATTER_D=scatter),
-           num_warps=warps, num_stages=B.DEFAULT_STAGES)
+    gd = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if scatter else None
+    B.launch_gather(g, Q, D, arg, g, g, gq, gd, False, (BS, warps, rotate, KB))
     return gq
 
 

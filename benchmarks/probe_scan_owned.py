@@ -147,12 +147,9 @@ def main():
         ms = cold_ms(lambda: B.maxsim_backward(g, Q, D, arg, normalize=False, strategy=strategy))  # noqa: B023
         print(f"library {strategy} backward: {1e3 * ms:.0f} us", flush=True)
     # lowmem's grad_Q gather alone (no scatter), as the library launches it
-    BS, warps, rotate, KB = B.gather_config(128, 128, False, scatter=False)
     gq = torch.empty_like(Q)
-    fn = lambda: launch(B._maxsim_bwd_gather_kernel, (nq * -(-128 // BS),),  # noqa: E731
-                        (Q, D, g, arg, g, g, gq, g, nq, nd, 128, 1024, 128, rotate, 0, D.stride(1), D.stride(2)),
-                        dict(BS=BS, BD=128, KB=KB, CANDIDATES=False, NORMALIZE=False, SCATTER_D=False),
-                        num_warps=warps, num_stages=B.DEFAULT_STAGES)
+    fn = lambda: B.launch_gather(g, Q, D, arg, g, g, gq, None, False,  # noqa: E731
+                                 B.gather_config(128, 128, False, scatter=False))
     print(f"grad_Q gather alone: {1e3 * cold_ms(fn):.0f} us", flush=True)
     tiles = [(64, 2048, 64, 4), (128, 2048, 64, 8), (64, 1024, 32, 4), (64, 4096, 64, 4), (128, 4096, 128, 8)]
     for R, CH, BE, warps in tiles[:2] if args.quick else tiles:

@@ -328,6 +328,24 @@ def gather_config(Lq: int, BD: int, candidates: bool, scatter: bool = True) -> t
     return BS, warps, rotate, max(1, min(KB, 8192 // (BS * BD)))
 
 
+def launch_gather(g, Q, D, argmax, qinv, dinv, grad_Q, gd32, normalize, config):
+    """The gather kernel on canonical inputs (as :func:`maxsim_backward` prepares them): writes
+    grad_Q ``[Nq, Lq, d]`` and, given ``gd32`` (fp32, D's shape, zeroed), adds grad_D into it by
+    atomics. ``config``: (BS, warps, rotate, KB), as :func:`gather_config` returns it."""
+    BS, warps, rotate, KB = config
+    Nq, Lq, d = Q.shape
+    Nd, Ld = D.shape[1], D.shape[2]
+    candidates = D.shape[0] != 1
+    launch(
+        _maxsim_bwd_gather_kernel, (Nq * -(-Lq // BS),),
+        (Q, D, g, argmax, qinv, dinv, grad_Q, g if gd32 is None else gd32, Nq, Nd, Lq, Ld, d, rotate,
+         D.stride(0) if candidates else 0, D.stride(1), D.stride(2)),
+        dict(BS=BS, BD=max(16, next_pow2(d)), KB=KB, CANDIDATES=candidates, NORMALIZE=normalize,
+             SCATTER_D=gd32 is not None),
+        num_warps=warps, num_stages=DEFAULT_STAGES,
+    )
+
+
 def _inverse_norms(x: torch.Tensor) -> torch.Tensor:
     """1 / max(|x|, 1e-12) over the last dim, in fp32, without an fp32 copy of x."""
     return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).clamp_min(1e-12).reciprocal().contiguous()
@@ -367,15 +385,9 @@ def maxsim_backward(
     dinv = _inverse_norms(D) if normalize else g
     BD = max(16, next_pow2(d))
     unified = strategy == "unified"
-    BS, gather_warps, rotate, KB = gather_config(Lq, BD, candidates, scatter=unified)
-    stride_dq = D.stride(0) if candidates else 0
-    gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else g
-    launch(
-        _maxsim_bwd_gather_kernel, (Nq * -(-Lq // BS),),
-        (Q, D, g, argmax, qinv, dinv, grad_Q, gd32, Nq, Nd, Lq, Ld, d, rotate, stride_dq, D.stride(1), D.stride(2)),
-        dict(BS=BS, BD=BD, KB=KB, CANDIDATES=candidates, NORMALIZE=normalize, SCATTER_D=unified),
-        num_warps=gather_warps, num_stages=DEFAULT_STAGES,
-    )
+    gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else None
+    launch_gather(g, Q, D, argmax, qinv, dinv, grad_Q, gd32, normalize,
+                  gather_config(Lq, BD, candidates, scatter=unified))
     if unified:
         if not normalize:
             return grad_Q, gd32.to(D.dtype)

@@ -126,8 +126,9 @@ def choose_strategy(backward: str, D: torch.Tensor, Lq: int) -> str:
       32 x 32 candidates (32, 300) peaks at 76 MB above the inputs against unified's 226 MB);
     - otherwise ``unified`` (a training step took 1.30 against 1.57 ms at in-batch 128 x 128, and
       9.5 against 12.8 at ColPali B = 128, where lowmem inverts the argmax by a counting sort and
-      sums each document token's entries in a fixed order) unless its fp32 buffer the size of D would pass ``UNIFIED_MAX_FP32_BYTES``;
-      then ``lowmem``, whose scratch is a few % of the gradients."""
+      sums each document token's entries in a fixed order) unless its fp32 buffer the size of D
+      would pass ``UNIFIED_MAX_FP32_BYTES``; then ``lowmem``, whose scratch is a few % of the
+      gradients."""
     if backward != "auto":
         return backward
     if D.shape[0] != 1 and Lq <= LISTS_MAX_LQ:
