@@ -21,10 +21,15 @@ if not HAS_CUDA:
 
 import torch  # noqa: E402
 
-from maxsim.dense import forward  # noqa: E402
+from maxsim import _outputs  # noqa: E402
 
-# Kernels write every output element: poison the buffers so an unwritten one shows up as NaN.
-forward.POISON_OUTPUTS = True
+
+def _poisoned_empty(shape, dtype, device):
+    # Kernels write every output element: poison the buffers so an unwritten one shows up (NaN, -2).
+    return torch.full(shape, float("nan") if dtype.is_floating_point else -2, dtype=dtype, device=device)
+
+
+_outputs.empty = _poisoned_empty
 
 KERNEL_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -40,8 +45,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
-    # Fresh random inputs every run (the seed is printed on failure through the test id).
+    # Fresh random inputs every run; a failing test prints its seed (see the hook below) so that
+    # the failure can be replayed with torch.manual_seed(seed).
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
-    request.node.user_properties.append(("seed", seed))
+    request.node.maxsim_seed = seed
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "maxsim_seed", None)
+    if report.failed and seed is not None:
+        report.sections.append(("random seed", f"torch.manual_seed({seed}) replays this test's inputs"))

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import maxsim
 from maxsim.reference import maxsim_reference
 from oracle import oracle, rel_err
 
@@ -140,6 +141,14 @@ def test_differentiable_through_autograd():
     assert Q.grad is not None and D.grad is not None and Q.grad.abs().sum() > 0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's behaviour")
+def test_warmup_on_a_machine_without_cuda():
+    # Nothing to compile: the default returns at once; asking for CUDA says why it cannot.
+    assert maxsim.warmup() == 0
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        maxsim.warmup(device="cuda")
+
+
 def test_warmup_runs_every_combination():
     import maxsim
 
@@ -151,8 +160,12 @@ def test_warmup_runs_every_combination():
 def test_warmup_reaches_every_corpus_class(nq, candidates):
     # The document sets a CUDA warm-up scores: one tiny, then one at the first size of each
     # larger class, so the rule picks each class's configuration (and nothing on the CPU).
-    from maxsim._tuning import BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS, is_big_corpus, warp_specialize_pays
+    from maxsim.tuning import is_big_corpus
+    from maxsim.tuning.tables import BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS
     from maxsim.warmup import _document_sets
+
+    def warp_specialize_pays(tokens):  # one 128-token query's class
+        return tokens >= WS_ONE_BLOCK_MIN_TOKENS
 
     def tokens(D):
         return D.shape[:-1].numel()
@@ -160,8 +173,8 @@ def test_warmup_reaches_every_corpus_class(nq, candidates):
     assert len(list(_document_sets(nq, 16, torch.float16, candidates, "cpu", corpus_classes=False))) == 1
     tiny, big, one_query_ws = _document_sets(nq, 16, torch.float16, candidates, "cpu", corpus_classes=True)
     assert tiny.shape[:-3] == big.shape[:-3] == ((nq,) if candidates else ())
-    assert not is_big_corpus(tokens(tiny)) and not warp_specialize_pays(1, 128, tokens(tiny))
-    assert is_big_corpus(tokens(big)) and not warp_specialize_pays(1, 128, tokens(big))
-    assert warp_specialize_pays(1, 128, tokens(one_query_ws))
+    assert not is_big_corpus(tokens(tiny)) and not warp_specialize_pays(tokens(tiny))
+    assert is_big_corpus(tokens(big)) and not warp_specialize_pays(tokens(big))
+    assert warp_specialize_pays(tokens(one_query_ws))
     for D, threshold in [(big, BIG_CORPUS_TOKENS), (one_query_ws, WS_ONE_BLOCK_MIN_TOKENS)]:
         assert threshold <= tokens(D) < threshold + tokens(D[..., :1, :, :])  # the smallest such set

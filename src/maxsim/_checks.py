@@ -151,3 +151,66 @@ def check_bool(name: str, value) -> None:
         raise TypeError(f"maxsim: {name} must be True or False; got {value!r}")
 
 
+# --- packed (varlen) inputs ---------------------------------------------------------------------
+
+def _check_packed_tensor(name: str, x: torch.Tensor) -> None:
+    check_dtype(name, x)
+    if x.dim() != 2:
+        raise ValueError(f"maxsim: {name} must be packed as [total_tokens, d]; got {shape_str(x)}")
+
+
+def _check_cu_seqlens(name: str, cu, total: int, device: torch.device, check_values: bool) -> torch.Tensor:
+    """Validate cu_seqlens and return it as int64 on ``device``.
+
+    Values (starts at 0, monotone, ends at ``total``) are checked only when ``check_values``: that
+    reads them on the host, a synchronisation the caller avoids by giving the max lengths.
+    """
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"maxsim: {name} must be a torch.Tensor; got {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"maxsim: {name} must be int32 or int64; got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"maxsim: {name} must be 1-D [N + 1]; got {shape_str(cu)}")
+    if cu.device != device:
+        raise ValueError(f"maxsim: {name} is on {cu.device} but the packed tensors are on {device}")
+    if check_values:
+        first, last = int(cu[0]), int(cu[-1])
+        if first != 0:
+            raise ValueError(f"maxsim: {name} must start at 0; got {first}")
+        if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
+            k = int(torch.nonzero(cu[1:] < cu[:-1])[0])
+            raise ValueError(f"maxsim: {name} must be non-decreasing; {name}[{k + 1}] = {int(cu[k + 1])} < {int(cu[k])}")
+        if last != total:
+            raise ValueError(f"maxsim: {name} must end at the packed length {total}; got {last}")
+    return cu.to(torch.int64)
+
+
+def check_packed(q, d, cu_seqlens_q, cu_seqlens_d, *, check_values: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate packed ``q [Tq, dim]``, ``d [Td, dim]`` and their cu_seqlens; return the cu_seqlens
+    as int64. Their values are read on the host only with ``check_values``."""
+    _check_packed_tensor("q", q)
+    _check_packed_tensor("d", d)
+    if q.dtype != d.dtype:
+        raise TypeError(f"maxsim: q and d must have the same dtype; got q {q.dtype} and d {d.dtype}")
+    if q.device != d.device:
+        raise ValueError(f"maxsim: q and d must be on the same device; got q on {q.device} and d on {d.device}")
+    if q.shape[1] != d.shape[1]:
+        raise ValueError(f"maxsim: q and d must have the same embedding dim d; got {q.shape[1]} and {d.shape[1]}")
+    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, check_values)
+    cu_d = _check_cu_seqlens("cu_seqlens_d", cu_seqlens_d, d.shape[0], d.device, check_values)
+    return cu_q, cu_d
+
+
+def check_pairs(pair_q, pair_d, Nq: int, Nd: int, device: torch.device, *, check_values: bool) -> None:
+    """Validate pair index tensors ``[P]``; their range is read on the host only with ``check_values``."""
+    for name, idx, n in (("pair_q", pair_q, Nq), ("pair_d", pair_d, Nd)):
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int32, torch.int64) or idx.dim() != 1:
+            raise TypeError(f"maxsim: {name} must be a 1-D int32/int64 tensor")
+        if idx.device != device:
+            raise ValueError(f"maxsim: {name} is on {idx.device} but the packed tensors are on {device}")
+        if check_values and idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"maxsim: {name} must index 0..{n - 1}; got values in [{lo}, {hi}]")
+    if pair_q.shape != pair_d.shape:
+        raise ValueError(f"maxsim: pair_q and pair_d must have the same length; got {pair_q.numel()} and {pair_d.numel()}")

@@ -3,9 +3,9 @@ pays for a Triton compilation.
 
 Which kernel variant a call uses depends only on the dtype, d, the power-of-two bucket of Lq,
 the bucket of Nq x Lq (up to 256 stacked query rows), the layout, the flags (masks, normalize,
-mask mode, argmax) and the corpus class (fewer or more than ``maxsim._tuning.BIG_CORPUS_TOKENS``
+mask mode, argmax) and the corpus class (fewer or more than ``maxsim.tuning.tables.BIG_CORPUS_TOKENS``
 document tokens in the call; on Hopper one query of up to 128 tokens also has a class of its own
-from ``maxsim._tuning.WS_ONE_BLOCK_MIN_TOKENS``); never on Nd or Ld otherwise. :func:`warmup`
+from ``maxsim.tuning.tables.WS_ONE_BLOCK_MIN_TOKENS``); never on Nd or Ld otherwise. :func:`warmup`
 compiles every class. Compiled kernels also persist on disk in Triton's cache (``TRITON_CACHE_DIR``, default
 ``~/.triton/cache``), so a restarted process only loads them.
 """
@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from maxsim._tuning import BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS
+from maxsim.tuning.tables import BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS
 
 
 def warmup(
@@ -29,12 +29,16 @@ def warmup(
     masks=(False, True),
     normalize=(False,),
     candidates=(False,),
-    device="cuda",
+    device=None,
 ) -> int:
     """Run ``maxsim.maxsim`` once on tiny inputs for every combination given and, on CUDA, once more
     at the first size of each larger corpus class (``BIG_CORPUS_TOKENS`` and
     ``WS_ONE_BLOCK_MIN_TOKENS`` document tokens, in documents of 128 tokens: 32 and 64 MB at fp16,
     d = 128); returns the number of combinations run.
+
+    ``device``: None takes the current CUDA device, or, on a machine without one, returns 0 at
+    once: CPU tensors run the PyTorch reference, which compiles nothing. Asking for a CUDA device
+    where there is none raises RuntimeError.
 
     Example (a ColBERT server: 32-token queries, batches of 1 to 64, fp16, with document masks)::
 
@@ -42,7 +46,14 @@ def warmup(
     """
     from maxsim import maxsim
 
+    if device is None:
+        if not torch.cuda.is_available():
+            return 0
+        device = "cuda"
     on_cuda = torch.device(device).type == "cuda"
+    if on_cuda and not torch.cuda.is_available():
+        raise RuntimeError("maxsim.warmup: device='cuda' but this machine has no CUDA device "
+                           "(CPU calls run the PyTorch reference and need no warm-up)")
     count = 0
     for lq, nq, d, dtype, masked, norm, cand in itertools.product(
         query_lengths, num_queries, dims, dtypes, masks, normalize, candidates
@@ -65,7 +76,7 @@ _CLASS_DOC_LEN = 128
 
 def _document_sets(nq: int, d: int, dtype, candidates: bool, device, corpus_classes: bool):
     """Tiny documents ``[(nq,) 2, 3, d]``; with ``corpus_classes``, also a set at the first size of
-    each larger corpus class (:mod:`maxsim._tuning`), which the same call shape would meet in
+    each larger corpus class (:mod:`maxsim.tuning.tables`), which the same call shape would meet in
     traffic. The values do not matter: only the kernel variant the call compiles."""
     lead = (nq,) if candidates else ()
     yield torch.randn(*lead, 2, 3, d, device=device).to(dtype)

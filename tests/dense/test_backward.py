@@ -82,16 +82,19 @@ def test_gradients_half_precision(dtype, backward, layout):
     compare(Q, D, backward=backward, tol=1e-2)
 
 
-# Rows of 0.7, 24 and 85 entries on average (Nq * Lq / Ld): each (block, warps) of owned_config,
+# Rows of 0.7, 24 and 85 entries on average (Nq * Lq / Ld): each (block, warps) of the owned tile table,
 # the last with rows of several blocks (several sorted passes).
 OWNED_SHAPES = [(3, 20, 90), (6, 40, 10), (8, 64, 6)]
 
 
 @pytest.mark.parametrize("nq, lq, ld", OWNED_SHAPES)
 def test_lowmem_every_owned_config(nq, lq, ld):
-    from maxsim.dense.backward import owned_config
+    from maxsim.selection.dense import backward_config
 
-    assert len({owned_config(*shape) for shape in OWNED_SHAPES}) == len(OWNED_SHAPES)
+    def owned(nq, lq, ld):
+        return backward_config("lowmem", (nq, lq, 16), (1, 5, ld, 16))["owned"]
+
+    assert len({owned(*shape) for shape in OWNED_SHAPES}) == len(OWNED_SHAPES)
     compare(small_ints(nq, lq, 16), small_ints(5, ld, 16), backward="lowmem")
 
 
@@ -177,19 +180,6 @@ def test_torch_compile_fullgraph_loss():
     assert torch.allclose(gq, Q.grad, atol=1e-6) and torch.allclose(gd, D.grad, atol=1e-6)
 
 
-def test_auto_strategy_rule():
-    from maxsim.dense.ops import LISTS_MAX_LQ, choose_strategy
-
-    lists = torch.empty(4, 8, 30, 16)  # [Nq, K, Ld, d]
-    shared = torch.empty(1, 8, 30, 16)  # cross product, as the launcher sees it
-    assert choose_strategy("auto", lists, 32) == "lowmem"
-    assert choose_strategy("auto", lists, LISTS_MAX_LQ) == "lowmem"
-    assert choose_strategy("auto", lists, LISTS_MAX_LQ + 1) == "unified"
-    assert choose_strategy("auto", shared, 32) == "unified"
-    assert choose_strategy("unified", lists, 32) == "unified"
-    assert choose_strategy("lowmem", shared, 32) == "lowmem"
-
-
 def test_eager_training_skips_the_dispatcher():
     # Outside torch.compile a differentiable call must not go through the custom ops (their Python
     # layers cost ~0.4 ms a step on the H200 host), and must give the ops' gradients.
@@ -227,15 +217,17 @@ def test_lowmem_owned_sum_ignores_the_placement_order(normalize):
     # On the GPU the counting sort's atomics leave each row's entries in any order; the owned
     # kernel must sum them in ascending entry order anyway (bitwise the same grad_D). One token
     # wins for almost every query token, so its rows hold far more entries than one block
-    # (owned_config) and take the multi-pass path.
+    # (the owned tile table's BE) and take the multi-pass path.
     from maxsim.dense import backward as B
-    from maxsim.dense.forward import maxsim_forward
+    from maxsim.dense.ops import _run_forward
+    from maxsim.selection.dense import backward_config
 
     gen = torch.Generator().manual_seed(5)
     Q = (torch.randn(5, 33, 32, generator=gen) + 2).to(KERNEL_DEVICE)  # a shared direction
     D = torch.randn(1, 4, 40, 32, generator=gen).to(KERNEL_DEVICE)
     D[:, :, 3] = 2  # along it: token 3 wins for (almost) every query token
-    _, argmax = maxsim_forward(Q, D, None, None, save_argmax=True)
+    _, argmax = _run_forward(Q, D, None, None, False, False, True)
+    config = backward_config("lowmem", tuple(Q.shape), tuple(D.shape))
     g = torch.randn(5, 4, generator=gen).to(KERNEL_DEVICE)
     qinv = B._inverse_norms(Q) if normalize else g
     dinv = B._inverse_norms(D) if normalize else g
@@ -243,8 +235,8 @@ def test_lowmem_owned_sum_ignores_the_placement_order(normalize):
     counts = torch.zeros(n_docs * Ld, dtype=torch.int32, device=KERNEL_DEVICE)
     rowptr = torch.zeros(n_docs * Ld + 1, dtype=torch.int32, device=KERNEL_DEVICE)
     order = torch.empty(5 * n_docs * 33, dtype=torch.int32, device=KERNEL_DEVICE)
-    B.invert_argmax(argmax, 0, n_docs, Ld, counts, rowptr, order)
-    assert int(counts.abs().sum()) == 0 and int((rowptr[1:] - rowptr[:-1]).max()) > 2 * B.owned_config(5, 33, Ld)[0]
+    B.invert_argmax(argmax, 0, n_docs, Ld, counts, rowptr, order, config["invert"])
+    assert int(counts.abs().sum()) == 0 and int((rowptr[1:] - rowptr[:-1]).max()) > 2 * config["owned"][0]
     grads = []
     for shuffle in (False, True):
         o = order.clone()
@@ -253,8 +245,9 @@ def test_lowmem_owned_sum_ignores_the_placement_order(normalize):
                 a, b = int(rowptr[r]), int(rowptr[r + 1])
                 o[a:b] = o[a:b][torch.randperm(b - a, generator=gen).to(KERNEL_DEVICE)]
         gd = torch.empty_like(D)
-        B.sum_owned_rows(g, Q, D, o, rowptr, qinv, dinv, gd, 0, n_docs, normalize, 32)
+        B.sum_owned_rows(g, Q, D, o, rowptr, qinv, dinv, gd, 0, n_docs, normalize, 32, config["owned"])
         grads.append(gd)
     assert torch.equal(grads[0], grads[1])
-    _, ref = B.maxsim_backward(g, Q, D, argmax, normalize=normalize, strategy="unified")
+    _, ref = B.maxsim_backward(g, Q, D, argmax, normalize=normalize, strategy="unified",
+                               config=backward_config("unified", tuple(Q.shape), tuple(D.shape)))
     assert rel_err(grads[0], ref) < 1e-5

@@ -152,7 +152,7 @@ def test_two_d_inputs_and_non_contiguous():
 @pytest.mark.parametrize("bm,bn", [(16, 16), (64, 32), (32, 64)])
 def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
     # The configuration rule picks one strategy per shape; both must be exact everywhere.
-    from maxsim._tuning import ForwardConfig
+    from maxsim.tuning.configs import ForwardConfig
     from maxsim.dense.forward import maxsim_forward
 
     Q, D = small_ints(3, 37, 24), small_ints(4, 70, 24)
@@ -174,7 +174,7 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
 def test_tma_document_tiles_match_the_oracle(dtype, layout):
     # Document tiles through TMA read past a document's end into the next one (and past the last
     # one into zero fill): masking must hide both, with and without masks, normalize and argmax.
-    from maxsim._tuning import ForwardConfig
+    from maxsim.tuning.configs import ForwardConfig
     from maxsim.dense.forward import _tma_ready, maxsim_forward
 
     Nq, Nd, Lq, Ld, d = 3, 5, 20, 45, 40  # Ld ragged against BN, d against BK (two K chunks)
@@ -206,7 +206,7 @@ def test_tma_document_tiles_match_the_oracle(dtype, layout):
 def test_tma_only_where_a_descriptor_describes_d():
     # TMA reads D as [G, Nd*Ld, d] rows with 16-byte aligned rows; anything else must keep the
     # pointer loads (checked without a launch).
-    from maxsim._tuning import ForwardConfig
+    from maxsim.tuning.configs import ForwardConfig
     from maxsim.dense.forward import _tma_ready
 
     cfg = ForwardConfig(BM=128, BN=128, BK=128, num_warps=4, num_stages=2, row_max=True, tma=True)
@@ -224,7 +224,7 @@ def test_launch_plan_rebuilds_outputs_and_descriptor_for_new_tensors():
     # A kept plan (dense/forward.py) launches with new tensors of its signature: fresh outputs, a
     # TMA descriptor over the new D (given in the caller's 3-D layout), the kept integers. Checked
     # with a stand-in for the compiled kernel (the GPU tier runs real plans).
-    from maxsim._tuning import ForwardConfig
+    from maxsim.tuning.configs import ForwardConfig
     from maxsim.dense.forward import _descriptor_layout, _ForwardPlan
 
     cfg = ForwardConfig(BM=256, BN=128, BK=128, num_warps=8, num_stages=3, waves=1, row_max=True, tma=True)

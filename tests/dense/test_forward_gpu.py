@@ -64,8 +64,6 @@ def test_repeated_inference_calls_replay_their_plan(monkeypatch):
     from maxsim import _checks
     from maxsim.dense import forward
 
-    monkeypatch.setattr(forward, "POISON_OUTPUTS", False)  # (plans are off while tests poison outputs)
-
     cases = [((3, 32, 128), (50, 77, 128), True), ((32, 128), (77, 128), False),
              ((32, 128), (50, 77, 128), True), ((4, 32, 128), (4, 9, 77, 128), True), ((8, 32, 64), (300, 60, 64), False),
              # the warp-specialized kernel on Hopper (its own plan class): one 128-token query as a
@@ -113,7 +111,7 @@ def test_argmax_exact_with_integer_inputs():
     assert torch.equal(out, ref) and torch.equal(arg, ref_arg)
 
 
-# One shape per branch of the tile rule (maxsim._tuning.forward_config), both layouts; each runs
+# One shape per row of the dense forward tile table (maxsim.tuning.tables), both layouts; each runs
 # the inference configuration (scores only) and the training one (with the argmax).
 ARGMAX_REGIMES = [
     (64, 64, 32, 180, 128, False),  # short stacked queries: BM=256, BN=64, 2 stages, pointer loads
@@ -227,7 +225,7 @@ def test_no_recompilation_when_nq_nd_ld_change():
 
 
 def test_autotune_picks_persists_and_stays_exact(monkeypatch, tmp_path):
-    from maxsim._tuning import TuningCache
+    from maxsim.tuning.autotune import TuningCache
 
     path = tmp_path / "tuning.json"
     monkeypatch.setenv("MAXSIM_AUTOTUNE", "1")

@@ -37,7 +37,7 @@ def test_ws_forward_matches_reference(case):
     D = torch.randn(nd, ld, d, device="cuda", dtype=dtype)
     ref = maxsim_reference(Q, D)
     for q_in_regs, sub in ((False, 1), (True, 1), (True, 2)):
-        out, _ = maxsim_forward_ws(Q, D, BN=BN, split_docs=split, q_in_regs=q_in_regs, sub_tiles=sub, poison=True)
+        out, _ = maxsim_forward_ws(Q, D, BN=BN, split_docs=split, q_in_regs=q_in_regs, sub_tiles=sub)
         assert rel_err(out, ref) < 1e-5
 
 
@@ -56,7 +56,7 @@ def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs, sub)
     dm = torch.rand(150, 180, device="cuda") > 0.3
     dm[7] = False
     out, arg = maxsim_forward_ws(Q, D, qm, dm, multiply=mask_mode == "multiply", save_argmax=True, BN=BN,
-                                 split_docs=split, q_in_regs=q_in_regs, sub_tiles=sub, poison=True)
+                                 split_docs=split, q_in_regs=q_in_regs, sub_tiles=sub)
     ref, ref_arg = maxsim_reference(Q, D, qm, dm, mask_mode=mask_mode, return_argmax=True)
     assert torch.equal(out, ref)
     assert torch.equal(arg, ref_arg)
@@ -73,7 +73,7 @@ def test_ws_forward_propagates_nan(BN, sub):
     D = torch.randint(-2, 3, (40, 300, 128), device="cuda").to(torch.float16)
     D[3, 200, 0] = float("nan")
     D[3, 250, 0] = float("nan")
-    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, sub_tiles=sub, poison=True)
+    out, arg = maxsim_forward_ws(Q, D, save_argmax=True, BN=BN, sub_tiles=sub)
     ref, ref_arg = maxsim_reference(Q, D, return_argmax=True)
     assert torch.equal(out.isnan(), ref.isnan()) and out[:, 3].isnan().all()
     keep = ~ref.isnan()
@@ -91,7 +91,7 @@ def test_ws_forward_repeated_calls_take_each_calls_documents():
     for _ in range(3):
         D = torch.randn(300, 256, 128, device="cuda", dtype=torch.bfloat16)
         for argmax in (False, True):
-            out, arg = maxsim_forward_ws(Q, D, save_argmax=argmax, poison=True)
+            out, arg = maxsim_forward_ws(Q, D, save_argmax=argmax)
             ref, ref_arg = maxsim_reference(Q, D, return_argmax=True)
             assert rel_err(out, ref) < 1e-5
             if argmax:

@@ -32,35 +32,13 @@ import triton.language as tl
 
 from maxsim._dispatch import interpreting
 from maxsim._launch import DEFAULT_STAGES, launch
-from maxsim._tuning import next_pow2
+from maxsim.tuning import next_pow2
+from maxsim.tuning import tables as T
 
-# Scratch of the lowmem inverse map, per chunk of documents: a fraction of what the step must hold
-# anyway (the gradients and the argmax), so that lowmem's peak stays within 10 % of that, between
-# a floor (few launches on small shapes) and a cap. An entry costs its int32 id in the order; a
-# destination row its int32 count and its int32 offset.
-LOWMEM_SCRATCH_FRACTION = 0.06
-LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
-LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
+# Bytes of lowmem's inverse-map scratch: an entry's int32 id in the order; a destination row's
+# int32 count and int32 offset (the chunk budget itself is a tuning rule: maxsim.tuning.tables).
 LOWMEM_BYTES_PER_ENTRY = 4
 LOWMEM_BYTES_PER_ROW = 8
-
-
-def owned_config(Nq: int, Lq: int, Ld: int) -> tuple[int, int]:
-    """(BE, warps) of the lowmem owned kernel: BE entries summed at once (one sorted block; a row of
-    c entries takes ceil(c / BE)^2 merges) by a program of ``warps`` warps a document token. Rows
-    hold Nq * Lq / Ld entries on average. Whole lowmem backward, H200, cold L2
-    (benchmarks/probe_lowmem.py, results/lowmem-20261130-0139.log, lowmem-colpali-20261130-0145.log):
-
-    - 16 a row (in-batch 128 x 128, (128, 1024)): BE 16 on 1 warp, 809 us (BE 32: 898);
-    - 45 (256 x 256, (32, 180)): BE 32 on 1 warp, 809 us (BE 16: 905; BE 64 on 2 warps: 897);
-    - 128 (ColPali B = 128, (1024, 1024)): BE 64 on 2 warps, 6.68 ms (BE 32 on 1 warp: 7.57).
-
-    The block sets the summation tree, so grad_D's bits depend on it (still bitwise the same run to
-    run)."""
-    per_row = Nq * Lq / max(Ld, 1)
-    if per_row <= 16:
-        return 16, 1
-    return (32, 1) if per_row <= 64 else (64, 2)
 
 
 @triton.jit
@@ -105,7 +83,7 @@ def _maxsim_bwd_gather_kernel(
     for j0 in range(0, Nd, KB):
         # rotate = 1: each query starts at another document, so concurrent programs' atomics
         # spread out; 0: all walk the documents in step, so the grad_D rows being written at one
-        # time are few and stay in L2 (gather_config says which is faster where).
+        # time are few and stay in L2 (the gather tile table, maxsim.tuning.tables, says which is faster where).
         m_j = j0 + o_kb < Nd  # [KB]
         j = ((j0 + o_kb + i_q * rotate) % Nd).to(tl.int64)  # [KB] documents
         g = tl.load(g_ptr + i_q * Nd + j, mask=m_j, other=0.0)[:, None, None]  # [KB, 1, 1]
@@ -296,42 +274,11 @@ def _normalize_jacobian_kernel(
     tl.store(gd_ptr + o_r[:, None] * dim + o_d[None, :], b_g.to(gd_ptr.dtype.element_ty), mask=m)
 
 
-def gather_config(Lq: int, BD: int, candidates: bool, scatter: bool = True) -> tuple[int, int, int, int]:
-    """(query tokens per program BS, warps, rotate, documents per step KB) of the gather kernel, from
-    H200 sweeps (benchmarks/profile_backward.py, probe_backward_gather.py, probe_lists_gather.py,
-    probe_cross_gather.py; BENCHMARKS.md):
-    - cross product with grad_D's atomics (``scatter``, unified): up to Lq 128, narrow programs
-      walking the documents in step (BS=4, 4 warps, rotate 0: 416 against 453 us for BS=8, 8 warps,
-      rotated, at 128 x 128 x 128 x 1024; the atomics set the time, 48 configurations came within
-      5 %); long queries want BS=16 on 2 warps (ColPali B = 128, Lq 1024: 2.67 against 3.25 ms);
-    - cross product without (lowmem): narrow programs on 2 warps with two documents a step, or BS=16
-      on 2 warps for long queries: 105 against 218 us at Lq 128 (128 x 128), 148 against 228 at
-      Lq 32 (256 x 256), 0.67 against 1.43 ms at Lq 1024 (ColPali B = 128)
-      (results/cross-gather-20261130-0152.log, cross-gather-scatter-20261130-0152.log);
-    - candidate lists with grad_D's atomics want wide programs (BS=32: 151 against 180 us); without
-      (lowmem), narrow ones on 2 warps with 16 documents a step: each query walks only its own few
-      candidates, so the walk is short and its loads should all be in flight. At 32 x 32 x 32 x 300
-      the lowmem backward took 41 us (cold L2) against 89 for BS=32, KB=1 (one program per query:
-      32 programs on 132 multiprocessors) and 59 for BS=4, KB=1 (results/lists-20261130-0047.log)."""
-    KB = 1
-    if candidates and scatter:
-        BS, warps, rotate = 32, 4, 1
-    elif candidates:
-        BS, warps, rotate, KB = 2, 2, 1, 16
-    elif Lq >= 1024:
-        BS, warps, rotate = 16, 2, 0
-    elif scatter:
-        BS, warps, rotate = (4, 4, 0) if Lq >= 128 else (16, 4, 1)
-    else:
-        BS, warps, rotate, KB = (16, 2, 0, 2) if Lq >= 128 else (4, 2, 1, 2)
-    BS = max(1, min(BS, next_pow2(Lq), 8192 // BD))
-    return BS, warps, rotate, max(1, min(KB, 8192 // (BS * BD)))
-
-
 def launch_gather(g, Q, D, argmax, qinv, dinv, grad_Q, gd32, normalize, config):
     """The gather kernel on canonical inputs (as :func:`maxsim_backward` prepares them): writes
     grad_Q ``[Nq, Lq, d]`` and, given ``gd32`` (fp32, D's shape, zeroed), adds grad_D into it by
-    atomics. ``config``: (BS, warps, rotate, KB), as :func:`gather_config` returns it."""
+    atomics. ``config``: (BS, warps, rotate, KB), as ``maxsim.selection.dense.backward_config``
+    returns it under ``"gather"``."""
     BS, warps, rotate, KB = config
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
@@ -359,6 +306,7 @@ def maxsim_backward(
     *,
     normalize: bool,
     strategy: str,
+    config: dict,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of ``sum(grad * scores)`` with respect to Q and D.
 
@@ -367,6 +315,7 @@ def maxsim_backward(
         argmax: ``[Nq, Nd, Lq]`` int32 from the forward, -1 where nothing flows (masked query
             token, empty document, or, in multiply mode, a masked winner).
         strategy: ``"unified"`` or ``"lowmem"`` (see the module docstring).
+        config: every kernel's tile (``maxsim.selection.dense.backward_config``).
 
     Returns:
         grad_Q ``[Nq, Lq, d]`` in Q's dtype and grad_D in D's dtype and shape.
@@ -383,35 +332,33 @@ def maxsim_backward(
     argmax = argmax.contiguous()
     qinv = _inverse_norms(Q) if normalize else g  # any tensor when unused
     dinv = _inverse_norms(D) if normalize else g
-    BD = max(16, next_pow2(d))
+    BD = config["BD"]
     unified = strategy == "unified"
     gd32 = torch.zeros(D.shape, dtype=torch.float32, device=D.device) if unified else None
-    launch_gather(g, Q, D, argmax, qinv, dinv, grad_Q, gd32, normalize,
-                  gather_config(Lq, BD, candidates, scatter=unified))
+    launch_gather(g, Q, D, argmax, qinv, dinv, grad_Q, gd32, normalize, config["gather"])
     if unified:
         if not normalize:
             return grad_Q, gd32.to(D.dtype)
         grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)
         n_rows = D.shape[0] * Nd * Ld
-        BR = max(1, 4096 // BD)
+        BR, warps = config["jacobian"]
         launch(
             _normalize_jacobian_kernel, (-(-n_rows // BR),),
             (gd32, D, dinv, grad_D, n_rows, Nd, Ld, d, D.stride(0), D.stride(1), D.stride(2)),
-            dict(BR=BR, BD=BD), num_warps=4, num_stages=DEFAULT_STAGES,
+            dict(BR=BR, BD=BD), num_warps=warps, num_stages=DEFAULT_STAGES,
         )
         return grad_Q, grad_D
     if candidates:
-        return grad_Q, _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD)
-    return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD)
+        return grad_Q, _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD, config["lists"])
+    return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD, config)
 
 
-def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD):
+def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD, tile):
     """lowmem grad_D for candidate lists: the one-hot matmul kernel, a program per document tile."""
     Nq, Lq, d = Q.shape
     K, Ld = D.shape[1], D.shape[2]
     grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
-    BN = max(16, min(64, 8192 // BD))
-    BS = max(16, min(64, next_pow2(Lq)))
+    BN, BS, warps = tile
     launch(
         _maxsim_bwd_lists_kernel, (Nq * K, -(-Ld // BN)),
         (Q, D, g, argmax, qinv, dinv, grad_D, K, Lq, Ld, d, D.stride(0), D.stride(1), D.stride(2)),
@@ -420,52 +367,54 @@ def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD):
             # fp32 and normalised inputs need fp32 products; the interpreter's bf16 dot is wrong.
             DOT_FP32=normalize or Q.dtype == torch.float32 or interpreting(),
         ),
-        num_warps=4 if BN * BD <= 8192 else 8, num_stages=DEFAULT_STAGES,
+        num_warps=warps, num_stages=DEFAULT_STAGES,
     )
     return grad_D
 
 
-def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD):
+def _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD, config):
     """lowmem grad_D for the cross product: invert the argmax a chunk of documents at a time (a
     counting sort), then one program per document token."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
     must_hold = Q.numel() * Q.element_size() + D.numel() * D.element_size() + argmax.numel() * 4
-    budget = min(LOWMEM_MAX_CHUNK_BYTES, max(LOWMEM_MIN_CHUNK_BYTES, int(LOWMEM_SCRATCH_FRACTION * must_hold)))
+    budget = min(T.LOWMEM_MAX_CHUNK_BYTES, max(T.LOWMEM_MIN_CHUNK_BYTES, int(T.LOWMEM_SCRATCH_FRACTION * must_hold)))
     chunk = max(1, min(Nd, budget // (LOWMEM_BYTES_PER_ENTRY * Nq * Lq + LOWMEM_BYTES_PER_ROW * Ld)))
     counts = torch.zeros(chunk * Ld, dtype=torch.int32, device=D.device)  # back to 0 after each chunk
     rowptr = torch.zeros(chunk * Ld + 1, dtype=torch.int32, device=D.device)
     order = torch.empty(Nq * chunk * Lq, dtype=torch.int32, device=D.device)
     for row0 in range(0, Nd, chunk):
         n_docs = min(chunk, Nd - row0)
-        invert_argmax(argmax, row0, n_docs, Ld, counts, rowptr, order)
-        sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, normalize, BD)
+        invert_argmax(argmax, row0, n_docs, Ld, counts, rowptr, order, config["invert"])
+        sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, normalize, BD, config["owned"])
     return grad_D
 
 
-def invert_argmax(argmax, row0, n_docs, Ld, counts, rowptr, order):
+def invert_argmax(argmax, row0, n_docs, Ld, counts, rowptr, order, tile):
     """The inverse map of documents row0 .. row0 + n_docs (cross product): ``order`` holds entry ids
     (_csr_count_kernel's numbering) grouped by destination row, ``rowptr [n_docs * Ld + 1]`` int32
-    their CSR offsets; within a row the order is the atomics'. counts: int32 zeros, left zero."""
+    their CSR offsets; within a row the order is the atomics'. counts: int32 zeros, left zero.
+    tile: (BLOCK entries a program, warps)."""
     Nq, Nd, Lq = argmax.shape
     n_entries, n_rows = Nq * n_docs * Lq, n_docs * Ld
-    BLOCK = 1024
+    BLOCK, warps = tile
     for place in (False, True):
         if place:
             torch.cumsum(counts[:n_rows], 0, dtype=torch.int32, out=rowptr[1:n_rows + 1])
         launch(
             _csr_count_kernel, (-(-n_entries // BLOCK),),
             (argmax, counts, rowptr, order, Nd, Lq, Ld, row0, n_docs, n_entries),
-            dict(PLACE=place, BLOCK=BLOCK), num_warps=4, num_stages=DEFAULT_STAGES,
+            dict(PLACE=place, BLOCK=BLOCK), num_warps=warps, num_stages=DEFAULT_STAGES,
         )
 
 
-def sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, normalize, BD):
-    """grad_D's rows of documents row0 .. row0 + n_docs from their inverse map (invert_argmax)."""
+def sum_owned_rows(g, Q, D, order, rowptr, qinv, dinv, grad_D, row0, n_docs, normalize, BD, tile):
+    """grad_D's rows of documents row0 .. row0 + n_docs from their inverse map (invert_argmax).
+    tile: (BE entries summed at once, warps)."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
-    BE, warps = owned_config(Nq, Lq, Ld)
+    BE, warps = tile
     launch(
         _maxsim_bwd_owned_kernel, (n_docs * Ld,),
         (Q, D, g, order, rowptr, dinv, qinv, grad_D, Nd, Lq, Ld, d, row0, n_docs, D.stride(1), D.stride(2)),

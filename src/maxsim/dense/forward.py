@@ -12,9 +12,9 @@ The loop over (document, tile) pairs is flattened into one loop so that Triton's
 keeps loads in flight across document boundaries; the per-document epilogue is a branch inside it.
 
 On Hopper, compute-bound calls on big corpora run the warp-specialized Gluon kernel of
-forward_ws.py instead (the tile rule's ``warp_specialized`` configuration): there a producer warp
-and two consumer warpgroups overlap the max epilogue with the tensor cores, which this kernel's
-single instruction stream cannot.
+forward_ws.py instead (:mod:`maxsim.selection.dense` decides): there a producer warp and two
+consumer warpgroups overlap the max epilogue with the tensor cores, which this kernel's single
+instruction stream cannot. This module's launcher runs whichever the selection chose.
 """
 
 from __future__ import annotations
@@ -26,27 +26,12 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from maxsim import _outputs
 from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
-from maxsim._tuning import (
-    ForwardConfig,
-    autotune_enabled,
-    cuda_timer,
-    forward_config,
-    is_big_corpus,
-    multiprocessors,
-    neighbour_configs,
-    next_pow2,
-    pick_fastest,
-    tuning_cache,
-    tuning_key,
-    warp_specialize_pays,
-)
-
-# Tests set this: outputs are NaN/-2 filled before the launch so an element the kernel fails to
-# write cannot pass for a result.
-POISON_OUTPUTS = False
+from maxsim.tuning import multiprocessors, next_pow2
+from maxsim.tuning.configs import ForwardConfig
 
 
 @triton.jit
@@ -265,39 +250,35 @@ def maxsim_forward(
     q_mask: torch.Tensor | None,
     d_mask: torch.Tensor | None,
     *,
+    config: ForwardConfig,
+    warp_specialized: bool = False,
     normalize: bool = False,
     multiply: bool = False,
     save_argmax: bool = False,
-    config: ForwardConfig | None = None,
     plan_key=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch the fused forward on canonical, validated inputs.
+    """Launch the fused forward on canonical, validated inputs, with the kernel and tile the
+    selection layer chose (:func:`maxsim.selection.dense.forward_plan`).
 
     Args:
         Q: ``[Nq, Lq, d]``.  D: ``[Nq|1, Nd, Ld, d]`` (leading 1 = documents shared by all queries).
         q_mask: bool ``[Nq, Lq]`` or None.  d_mask: bool ``[Nq|1, Nd, Ld]`` or None.
+        config: the tile.  warp_specialized: run forward_ws.py's Gluon kernel instead of this
+            module's (the selection checked that it can run the call).
         multiply: PyLate's mask rule instead of exclusion.
         save_argmax: also return the winning document token per query token.
-        config: tile configuration; by default :func:`maxsim._tuning.forward_config`'s rule (by
-            shape bucket and corpus class: D's token count against ``BIG_CORPUS_TOKENS``), or
-            with ``MAXSIM_AUTOTUNE=1`` the fastest of its neighbours, timed once per shape bucket
-            and kept in the persistent tuning cache.
-        plan_key: the caller's key of this call's signature (see :func:`plan_for`; the caller
-            gives none under autotuning or poisoned outputs): a launch that runs the rule's
-            configuration on the thin path, with no copy of an input, is kept as that key's plan.
+        plan_key: the caller's key of this call's signature (see :func:`plan_for`): a launch that
+            runs on the thin path, with no copy of an input, is kept as that key's plan.
 
     Returns:
         scores ``[Nq, Nd]`` fp32 and, with ``save_argmax``, argmax ``[Nq, Nd, Lq]`` int32
         (-1 where the query token is masked or the document has no real token).
     """
-    if config is not None:  # (the caller's key does not hold a configuration)
-        plan_key = None
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
-    candidates = D.shape[0] != 1  # per-query candidate lists (Nq == 1 is the same either way)
     argmax = None
     if save_argmax:
-        argmax = torch.empty((Nq, Nd, Lq), dtype=torch.int32, device=Q.device)
+        argmax = _outputs.empty((Nq, Nd, Lq), torch.int32, Q.device)
     if Nq == 0 or Nd == 0 or Lq == 0 or Ld == 0:
         # Empty sets contribute 0; there is no token to point at.
         if argmax is not None:
@@ -310,55 +291,35 @@ def maxsim_forward(
         plan_key = None
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if D.stride(-1) == 1 else D.contiguous()
-    interpret = interpreting()
-    device_index = -1 if interpret else cuda_index(Q)
     qm = q_mask.contiguous() if q_mask is not None else None
     dm = None
     if d_mask is not None:
         dm = d_mask if d_mask.stride(-1) == 1 else d_mask.contiguous()
-
-    def run(cfg: ForwardConfig, plan_key=None) -> torch.Tensor:
-        return _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key)
-
-    doc_tokens = D.shape[0] * Nd * Ld
-    ws_ok = warp_specialize_ok(Q, D, normalize, interpret, device_index) and \
-        warp_specialize_pays(Nq, Lq, doc_tokens, masked=qm is not None or dm is not None)
-    if config is not None and config.warp_specialized and not ws_ok:
-        config = None  # (a tuned or given Gluon configuration, for a call it cannot run)
-    if config is None:
-        big = is_big_corpus(doc_tokens)
-        config = forward_config(Nq, Lq, d, Q.dtype, candidates, interpret, save_argmax, big, ws_ok)
-        if autotune_enabled() and not interpret and not torch.cuda.is_current_stream_capturing():
-            flags = f"qm{int(qm is not None)}dm{int(dm is not None)}mul{int(multiply)}n{int(normalize)}a{int(save_argmax)}"
-            key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, candidates, flags + f"ws{int(ws_ok)}", big)
-            tuned = tuning_cache().get(key)
-            if tuned is None:
-                tuned = pick_fastest(neighbour_configs(config), run, cuda_timer)
-                tuning_cache().put(key, tuned)
-            config = tuned
-    return run(config, plan_key), argmax
+    interpret = interpreting()
+    device_index = -1 if interpret else cuda_index(Q)
+    return _launch_forward(Q, D, qm, dm, argmax, config, warp_specialized, multiply, normalize, interpret,
+                           device_index, plan_key), argmax
 
 
-def _launch_forward(Q, D, qm, dm, argmax, cfg, multiply, normalize, interpret, device_index, plan_key=None):
+def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, normalize, interpret, device_index,
+                    plan_key=None):
     """One launch of the forward kernel with configuration ``cfg``; returns the scores [Nq, Nd].
     With ``plan_key``, a launch that went through the thin path is kept as that key's plan."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
-    if cfg.warp_specialized:
-        scores, _, plan = _gluon_forward().maxsim_forward_ws(
+    if warp_specialized:
+        from maxsim.dense import forward_ws  # (Gluon: imported only where the selection chose it)
+
+        scores, _, plan = forward_ws.maxsim_forward_ws(
             Q, D[0], qm, None if dm is None else dm[0], multiply=multiply, save_argmax=argmax is not None,
-            BN=cfg.BN, STAGES=cfg.num_stages, argmax_out=argmax, poison=POISON_OUTPUTS, keep_plan=True)
+            BN=cfg.BN, STAGES=cfg.num_stages, argmax_out=argmax, keep_plan=True)
         if plan_key is not None and plan is not None:
             _keep_plan(plan_key, plan)
         return scores
     seg, n_chunks, docs_per_program, n_programs = _grid_plan(Nq, Nd, Lq, cfg.BM, cfg.waves, candidates, device_index)
     # One partial score per query chunk ([n_chunks, Nq, Nd], summed below) unless there is one chunk.
-    out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
-    if POISON_OUTPUTS:
-        out.fill_(float("nan"))
-        if argmax is not None:
-            argmax.fill_(-2)
+    out = _outputs.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), torch.float32, Q.device)
     use_tma = cfg.tma and _tma_ready(D, cfg)
     desc_layout = _descriptor_layout(D, cfg) if use_tma else None
     d_desc = TensorDescriptor(D, *desc_layout) if use_tma else D  # any pointer when unused
@@ -385,36 +346,6 @@ def _keep_plan(plan_key, plan) -> None:
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[plan_key] = plan
-
-
-def warp_specialize_ok(Q: torch.Tensor, D: torch.Tensor, normalize: bool, interpret: bool, device_index: int) -> bool:
-    """Whether the warp-specialized Gluon kernel (forward_ws.py) can run this call as it is: a
-    Hopper GPU (its wgmma and warp specialization are sm_90's), documents shared by all queries (D
-    ``[1, Nd, Ld, d]``, or one query), fp16/bf16, d in {64, 128}, no normalize, D's tokens
-    readable by TMA in place (``forward_ws.tma_ready``: the kernel would copy D otherwise), and
-    the Triton release it was written against (:func:`_gluon_forward`)."""
-    if interpret or normalize or Q.dtype not in (torch.float16, torch.bfloat16) or Q.shape[2] not in (64, 128) \
-            or (D.shape[0] != 1 and Q.shape[0] != 1):
-        return False
-    gluon_forward = _gluon_forward()
-    return gluon_forward is not None and gluon_forward.tma_ready(D[0]) and _is_hopper(device_index)
-
-
-@functools.lru_cache(maxsize=1)
-def _gluon_forward():
-    """The forward_ws module, or None under a Triton other than 3.6: Gluon is experimental and its
-    API moves between releases, so other versions run this file's kernel (same results, slower on
-    compute-bound calls) rather than risk a compile error in a user's call."""
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) != (3, 6):
-        return None
-    from maxsim.dense import forward_ws
-
-    return forward_ws
-
-
-@functools.lru_cache(maxsize=16)
-def _is_hopper(device_index: int) -> bool:
-    return device_index >= 0 and torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 def _tensor_args(Q, D, d_desc, qm, dm, out, argmax) -> tuple:
@@ -448,8 +379,8 @@ class _ForwardPlan:
         self.argmax_shape, self.desc_layout = argmax_shape, desc_layout
 
     def __call__(self, Q, D, qm, dm):
-        out = torch.empty(self.out_shape, dtype=torch.float32, device=Q.device)
-        argmax = None if self.argmax_shape is None else torch.empty(self.argmax_shape, dtype=torch.int32, device=Q.device)
+        out = _outputs.empty(self.out_shape, torch.float32, Q.device)
+        argmax = None if self.argmax_shape is None else _outputs.empty(self.argmax_shape, torch.int32, Q.device)
         d_desc = D if self.desc_layout is None else TensorDescriptor(D, *self.desc_layout)
         self.replay((*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *self.ints))
         return (out if self.n_chunks == 1 else out.sum(0)), argmax
@@ -488,7 +419,6 @@ def _descriptor_layout(D: torch.Tensor, cfg: ForwardConfig) -> tuple:
     G, Nd, Ld, d = D.shape
     group_stride = D.stride(0) if G > 1 else Nd * Ld * D.stride(2)
     return [G, Nd * Ld, d], [group_stride, D.stride(2), 1], [1, cfg.BN, cfg.BK]
-
 
 
 @functools.lru_cache(maxsize=4096)

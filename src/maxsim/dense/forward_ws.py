@@ -2,7 +2,7 @@
 
 Why. In the Triton kernel (forward.py) one instruction stream issues a tile's wgmma, waits for it,
 then reduces it: the tensor cores idle during every epilogue, which caps the compute-bound shapes
-near 75 % of the floor (BENCHMARKS.md). Here each program runs three partitions:
+well short of the floor (BENCHMARKS.md). Here each program runs three partitions:
 
 - a producer warp streams document tiles ``[BN, d]`` by TMA into a ring of STAGES slots;
 - two consumer warpgroups each own a block of HALF = 128 query rows and take turns on the tensor
@@ -22,7 +22,7 @@ only the document tile from shared memory. With the argmax each tile's MMA is tw
 
 Scope: documents shared by all queries (``D [Nd, Ld, d]``), fp16/bf16, d in {64, 128} (one MMA
 K-step), both mask rules (the library routes masked calls to forward.py, faster there:
-``_tuning.warp_specialize_pays``), NaN propagation, the argmax (kept per thread: _thread_argmax;
+``maxsim.selection.dense``), NaN propagation, the argmax (kept per thread: _thread_argmax;
 where a NaN is the max, the index is some token of that document). Queries
 of up to 128 tokens stack 128 // SEG to a row block; longer ones are cut into 128-row chunks whose
 partial scores are summed by the launcher. Not here (forward.py serves them): normalize, candidate
@@ -48,16 +48,17 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from maxsim._dispatch import cuda_index
 from maxsim._launch import launch
-from maxsim._tuning import multiprocessors, next_pow2
+from maxsim import _outputs
+from maxsim.dense.specs import tma_rows_ready as tma_ready
+from maxsim.tuning import multiprocessors, next_pow2
 
 HALF_ROWS = 128  # query rows per consumer warpgroup (a plain int on the host: a constexpr in the
 HALF = gl.constexpr(HALF_ROWS)  # launch plan's arithmetic would specialise the kernel on its results)
 # Registers per thread at launch: 12 warps (two consumer warpgroups, the producer's) x 168 fit the
 # 64K register file; setmaxnreg then gives the consumers 232-248 and the producer 24.
 WS_MAXNREG = 168
-# MMAs per tile (SUB of _consumer), without and with the argmax: at in-batch 128 x 128 two took
-# 0.906-0.924 ms with the argmax against 0.912-0.949 for one, and 0.685 without it against 0.659
-# (benchmarks/probe_ws_argmax.py, results/ws-argmax-20261129-2016.log, -2017.log).
+# MMAs per tile (SUB of _consumer), without and with the argmax: with it, two half-width MMAs let
+# the first half's epilogue overlap the second's MMA (measured: benchmarks/HISTORY.md).
 WS_SUB_TILES = {False: 1, True: 2}
 
 
@@ -108,18 +109,9 @@ def _thread_argmax(s, k, base, HALF: gl.constexpr, BN: gl.constexpr):
     (one FADD: base_k = base + k of the pair's left is one value per pair for the whole tile), the
     others by _argmax_step.
 
-    At in-batch 128 x 128 the training forward took 1.20 ms with 5 instructions an element (a
-    chain), 1.19-1.21 with 4, 0.917-0.924 with 3 (max, bit compare, select), 0.91-0.95 with
-    _argmax_step (max and FSET on the ALU pipe, the index by FMA), against 0.99 for the former
-    winning-tile method and 0.66-0.68 without the argmax; the tree of maxima alone took 0.70
-    (benchmarks/probe_ws_argmax.py; results/ws-*-20261129-19*.log, ws-argmax-20261129-2*.log).
-    Nsight Compute (results/ncu-20261129-2330/): the consumers almost never wait for their MMAs
-    (the tensor pipe is 64 % busy); they issue the epilogue, two warps a scheduler, about one
-    instruction in 4.5 cycles each (fixed-latency dependency and dispatch stalls). This version
-    (the running best as the tree's left leaf, the first level's index one FADD) runs 3.5
-    instructions an element against 3.84 before, and took 0.871-0.893 ms against 0.885-0.888: the
-    same, within noise (results/lean-20261129-2340.log). Handing the tensor cores over only once a
-    consumer's MMAs complete, instead of once issued, did not help either (0.905-0.917).
+    The epilogue's instruction count per element is what the training forward pays (it runs at
+    the GPU's power cap): the variants tried, their SASS counts and timings are in
+    benchmarks/HISTORY.md (the training forward's argmax).
     """
     v = gl.permute(gl.reshape(s, [HALF, BN // 8, 8]), (0, 2, 1))  # [HALF, 8, BN // 8]
     a, b = gl.split(gl.reshape(v, [HALF, 8, BN // 16, 2]))  # [HALF, 8, BN // 16] even, odd k
@@ -299,8 +291,7 @@ def _consumer(h: gl.constexpr, q_smem, d_smem, ready, empty, turn,
         # reduction over k is a tree of compares in registers (no shuffles); across tiles a thread
         # keeps the best (value, k) of each of its (row, j) pairs, and the 8 j of a row are
         # reduced once per document. State: 2 x 8 registers, which lets BN = 128 fit beside the
-        # accumulator (the former winning-tile method held a second [HALF, BN] tile: BN = 64, and
-        # 0.99 ms at in-batch 128 x 128, benchmarks/results/ws-20261129-1826.log).
+        # accumulator (the former winning-tile method held a second [HALF, BN] tile: BN = 64).
         by_j: gl.constexpr = gl.permute(gl.reshape(zero, [HALF, NS // 8, 8]), (0, 2, 1)).type.layout
         o_k = gl.arange(0, NS // 8, gl.SliceLayout(0, gl.SliceLayout(1, by_j)))[None, None, :]
         o_k = (o_k + gl.zeros([HALF, 8, NS // 8], gl.int32, by_j)).to(gl.float32)  # [HALF, 8, NS // 8] (constants)
@@ -463,21 +454,11 @@ def _tile_layout(BN: int, d: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([BN, d], gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
-def tma_ready(D: torch.Tensor) -> bool:
-    """Whether ``D [Nd, Ld, d]`` can be read as TMA rows ``[Nd * Ld, d]`` in place: 16-bit elements,
-    a unit stride on d, the tokens of all documents one strided run (stride_dn == Ld * stride_dl),
-    16-byte aligned rows and row coordinates that fit int32."""
-    Nd, Ld, d = D.shape
-    return (D.element_size() == 2 and D.stride(2) == 1 and (Nd == 1 or D.stride(0) == Ld * D.stride(1))
-            and D.stride(1) % 8 == 0 and D.data_ptr() % 16 == 0 and Nd * Ld + 256 < 2**31)
-
-
 def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | None = None,
                       d_mask: torch.Tensor | None = None, *, multiply: bool = False, save_argmax: bool = False,
                       BN: int = 128, STAGES: int = 4, split_docs: bool | None = None, q_in_regs: bool = True,
                       sub_tiles: int | None = None,
-                      argmax_out: torch.Tensor | None = None,
-                      poison: bool = False, keep_plan: bool = False):
+                      argmax_out: torch.Tensor | None = None, keep_plan: bool = False):
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
     {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
@@ -485,8 +466,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     tokens per tile (128).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
     query block as the MMA's register operand. sub_tiles: MMAs per tile, 1 or 2 (None:
-    ``WS_SUB_TILES``). Raises ValueError outside the scope. poison (tests): outputs are NaN/-2 filled
-    before the launch, so an element the kernel fails to write cannot pass for a result.
+    ``WS_SUB_TILES``). Raises ValueError outside the scope.
     keep_plan: return ``(scores, argmax, plan)``, plan a :class:`WarpSpecializedPlan` of this launch
     (None where it cannot replay: masks, a copied input, Triton's ordinary launch path)."""
     if Q.dim() != 3 or D.dim() != 3 or D.shape[2] != Q.shape[2] or Q.dtype != D.dtype \
@@ -507,17 +487,12 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     # D as TMA rows [Nd * Ld, d], box [BN, d]
     desc_args = ([Nd * Ld, d], [D.stride(1), 1], [BN, d], _tile_layout(BN, d, Q.dtype))
     d_desc = TensorDescriptor(D, *desc_args)
-    out = torch.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), dtype=torch.float32, device=Q.device)
+    out = _outputs.empty((Nq, Nd) if n_chunks == 1 else (n_chunks, Nq, Nd), torch.float32, Q.device)
     argmax = None
     if save_argmax:
-        argmax = argmax_out if argmax_out is not None else torch.empty((Nq, Nd, Lq), dtype=torch.int32,
-                                                                        device=Q.device)
-    if poison:
-        out.fill_(float("nan"))
-        if argmax is not None:
-            argmax.fill_(-2)
-    # Through the thin launch path (maxsim._launch): Gluon's own per-call binding cost 100-150 µs of
-    # host time, more than a small call's GPU time (benchmarks/results/onequery-20261129-2125.log).
+        argmax = argmax_out if argmax_out is not None else _outputs.empty((Nq, Nd, Lq), torch.int32, Q.device)
+    # Through the thin launch path (maxsim._launch): Gluon's own per-call binding costs more host
+    # time than a small call's GPU time.
     ints = (Nq, Nd, Lq, Ld, n_chunks, n_mblocks, docs_per_program, Q.stride(0), Q.stride(1))
     replay = launch(
         _maxsim_fwd_ws_kernel, (n_programs,),
@@ -553,9 +528,8 @@ class WarpSpecializedPlan:
         self.desc_args = desc_args  # the TMA descriptor's shape, strides, box and layout: D's new address only
 
     def __call__(self, Q, D, q_mask=None, d_mask=None):
-        out = torch.empty(self.out_shape, dtype=torch.float32, device=Q.device)
-        argmax = None if self.argmax_shape is None else torch.empty(self.argmax_shape, dtype=torch.int32,
-                                                                    device=Q.device)
+        out = _outputs.empty(self.out_shape, torch.float32, Q.device)
+        argmax = None if self.argmax_shape is None else _outputs.empty(self.argmax_shape, torch.int32, Q.device)
         d_desc = TensorDescriptor(D, *self.desc_args)
         self.replay((Q, d_desc, Q, Q, out, out if argmax is None else argmax, *self.ints))
         return (out if len(self.out_shape) == 2 else out.sum(0)), argmax

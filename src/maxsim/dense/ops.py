@@ -4,8 +4,12 @@ Two torch.library custom ops wrap the launchers so that autograd, ``torch.compil
 break: the ops have fake implementations) and ``torch.library.opcheck`` see one opaque operator:
 
     maxsim::dense_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
-        -> (scores, argmax)          (strategy: the backward's grad_D reduction, used by autograd)
+        -> (scores, argmax)          (strategy: the backward's grad_D reduction; autograd's
+                                      setup_context reads it from the op's inputs)
     maxsim::dense_backward(grad, Q, D, argmax, normalize, strategy) -> (grad_Q, grad_D)
+
+Each op's body asks :mod:`maxsim.selection.dense` for its kernel and tiles, then calls the
+launcher.
 
 Outside ``torch.compile`` the dispatcher is skipped: inference calls the launcher directly, and
 training goes through ``_DenseMaxSim``, a ``torch.autograd.Function`` with the same context and
@@ -23,25 +27,31 @@ import torch
 from maxsim import _checks, reference
 from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, interpreting, through_dispatcher
-from maxsim._tuning import autotune_enabled
 from maxsim.dense import forward as _forward
 from maxsim.dense.backward import maxsim_backward
-from maxsim.dense.forward import maxsim_forward
+from maxsim.selection import dense as select
+from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
+from maxsim.tuning.autotune import autotune_enabled
 
-BACKWARD_STRATEGIES = ("auto", "unified", "lowmem")
+
+def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_key=None):
+    """The selection's kernel and tile, launched (the eager and the op paths share it)."""
+    plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
+    return _forward.maxsim_forward(Q, D, q_mask, d_mask, config=plan.config, warp_specialized=plan.warp_specialized,
+                                   normalize=normalize, multiply=multiply, save_argmax=save_argmax,
+                                   plan_key=plan_key)
 
 
 def _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
     """The forward op's body (``strategy`` is for the backward only)."""
-    scores, argmax = maxsim_forward(
-        Q, D, q_mask, d_mask, normalize=normalize, multiply=multiply, save_argmax=save_argmax
-    )
+    scores, argmax = _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
     return scores, argmax_or_empty(argmax, Q.device)
 
 
 def _backward_launch(grad, Q, D, argmax, normalize, strategy):
     """The backward op's body."""
-    return maxsim_backward(grad, Q, D, argmax, normalize=normalize, strategy=strategy)
+    config = select.backward_config(strategy, tuple(Q.shape), tuple(D.shape))
+    return maxsim_backward(grad, Q, D, argmax, normalize=normalize, strategy=strategy, config=config)
 
 
 @torch.library.custom_op("maxsim::dense_forward", mutates_args=())
@@ -106,34 +116,6 @@ def _setup_context(ctx, inputs, output):
 _DenseMaxSim = make_differentiable(
     "_DenseMaxSim", dense_forward, dense_backward, _setup_context, _forward_launch, _backward_launch, n_inputs=8
 )
-
-
-# Largest fp32 grad_D buffer that backward="auto" accepts before it turns to lowmem.
-UNIFIED_MAX_FP32_BYTES = 2 * 2**30
-# Longest query for which auto sends candidate lists to lowmem's one-hot kernel. Its work per
-# document token grows with Lq (a [tokens, Lq] x [Lq, d] product); unified's (zero, atomics, cast
-# of an fp32 buffer) grows more slowly. Backward alone, 32 x 32 candidates (Lq, 300), H200, cold L2
-# (2026-11-30, benchmarks/probe_lists_threshold.py): lowmem 42 / 78 / 122 / 205 / 288 / 370 us
-# against unified 147 / 153 / 178 / 250 / 275 / 322 us at Lq 32 / 128 / 256 / 512 / 768 / 1024;
-# the whole step: 354 against 400 us at 512, 521 against 513 at 768.
-LISTS_MAX_LQ = 512
-
-
-def choose_strategy(backward: str, D: torch.Tensor, Lq: int) -> str:
-    """``auto`` ->
-    - candidate lists ``[Nq, K, Ld, d]`` with Lq <= ``LISTS_MAX_LQ``: ``lowmem``, the one-hot
-      kernel: faster there (above), deterministic, and with no fp32 buffer of D's size (a step at
-      32 x 32 candidates (32, 300) peaks at 76 MB above the inputs against unified's 226 MB);
-    - otherwise ``unified`` (a training step took 1.30 against 1.57 ms at in-batch 128 x 128, and
-      9.5 against 12.8 at ColPali B = 128, where lowmem inverts the argmax by a counting sort and
-      sums each document token's entries in a fixed order) unless its fp32 buffer the size of D
-      would pass ``UNIFIED_MAX_FP32_BYTES``; then ``lowmem``, whose scratch is a few % of the
-      gradients."""
-    if backward != "auto":
-        return backward
-    if D.shape[0] != 1 and Lq <= LISTS_MAX_LQ:
-        return "lowmem"
-    return "unified" if D.numel() * 4 <= UNIFIED_MAX_FP32_BYTES else "lowmem"
 
 
 def maxsim(
@@ -210,13 +192,10 @@ def maxsim(
         op = dense_forward if compiling else _DenseMaxSim.apply
         scores, argmax = op(
             p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
-            choose_strategy(backward, p.D, p.Q.shape[1]),
+            select.strategy(backward, p.D, p.Q.shape[1]),
         )
     else:
-        scores, argmax = maxsim_forward(
-            p.Q, p.D, p.q_mask, p.d_mask, normalize=normalize, multiply=multiply, save_argmax=return_argmax,
-            plan_key=plan_key,
-        )
+        scores, argmax = _run_forward(p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, return_argmax, plan_key)
     if return_argmax:
         return p.unbatch(scores), p.unbatch(argmax)
     return p.unbatch(scores)
@@ -226,7 +205,7 @@ def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argma
     """The signature under which an inference call's launch plan is kept (see
     :func:`maxsim.dense.forward.plan_for`), or None where the call must take the full path:
     anything but plain CUDA tensors and bool masks, gradients, torch.compile, the reference
-    backend, the interpreter, autotuning, poisoned outputs (tests)."""
+    backend, the interpreter, autotuning."""
     if type(Q) is not torch.Tensor or type(D) is not torch.Tensor or Q.device.type != "cuda":
         return None
     if not (type(normalize) is bool and type(return_argmax) is bool and type(mask_mode) is str
@@ -234,7 +213,7 @@ def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argma
         return None
     if torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad):
         return None
-    if through_dispatcher() or interpreting() or _forward.POISON_OUTPUTS or autotune_enabled() \
+    if through_dispatcher() or interpreting() or autotune_enabled() \
             or backend_for(Q.device) != "triton":
         return None
     masks = []

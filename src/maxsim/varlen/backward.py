@@ -22,7 +22,6 @@ import triton.language as tl
 
 from maxsim._csr import group_by_row
 from maxsim._launch import DEFAULT_STAGES, launch
-from maxsim._tuning import next_pow2
 from maxsim.varlen.forward import pair_of
 
 
@@ -91,16 +90,18 @@ def varlen_backward(
     pair_d: torch.Tensor | None,
     argmax: torch.Tensor,
     strategy: str,
+    config: dict,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """grad ``[Nq, Nd]`` (cross product) or ``[P]`` (pairs), argmax ``[P, max_q]`` ->
-    (grad_q like q, grad_d like d)."""
+    (grad_q like q, grad_d like d). ``config``: the kernel's tile from
+    ``maxsim.selection.varlen.backward_config``."""
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
     cross = pair_q is None
     # Upstream gradient in pair order (cross product: pair p = query p % Nq, document p // Nq).
     g = (grad.t() if cross else grad).reshape(-1).to(torch.float32).contiguous()
     P, max_q = argmax.shape
     dim = q.shape[1]
-    BD = max(16, next_pow2(dim))
+    BD = config["BD"]
     pq = pair_q if pair_q is not None else cu_q
     pd = pair_d if pair_d is not None else cu_d
     if P == 0 or max_q == 0:
@@ -108,13 +109,12 @@ def varlen_backward(
     if strategy == "unified":
         gq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         gd = torch.zeros(d.shape, dtype=torch.float32, device=d.device)
-        BR = max(1, min(16, next_pow2(max_q), 4096 // BD))
+        BR, pairs_per_program = config["BR"], config["pairs_per_program"]
         n_rblocks = -(-max_q // BR)
-        pairs_per_program = max(1, min(64, P))
         launch(
             _varlen_bwd_atomic_kernel, (n_rblocks * -(-P // pairs_per_program),),
             (q, d, cu_q, cu_d, pq, pd, argmax, g, gq, gd, Nq, Nd, P, max_q, dim, pairs_per_program),
-            dict(BR=BR, BD=BD, CROSS=cross), num_warps=4, num_stages=DEFAULT_STAGES,
+            dict(BR=BR, BD=BD, CROSS=cross), num_warps=config["num_warps"], num_stages=DEFAULT_STAGES,
         )
         return gq.to(q.dtype), gd.to(d.dtype)
     # lowmem: entries e = p * max_q + s, keyed by their destination row on each side.
@@ -136,7 +136,7 @@ def varlen_backward(
             launch(
                 _varlen_bwd_owned_kernel, (n_rows,),
                 (q, d, cu_q, cu_d, pq, pd, argmax, g, order, rowptr, out, Nq, Nd, max_q, dim),
-                dict(BD=BD, CROSS=cross, TO_Q=to_q), num_warps=1 if BD <= 128 else 4, num_stages=DEFAULT_STAGES,
+                dict(BD=BD, CROSS=cross, TO_Q=to_q), num_warps=config["num_warps"], num_stages=DEFAULT_STAGES,
             )
         grads.append(out)
         del key, order

@@ -24,7 +24,7 @@ import triton.language as tl
 from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
-from maxsim._tuning import multiprocessors, next_pow2
+from maxsim.tuning import multiprocessors, next_pow2
 
 
 @triton.jit
@@ -170,26 +170,6 @@ def _maxsim_pairs_kernel(
             tl.store(arg_ptr + p * max_q + o_s, tl.where(keep & ok, b_arg, -1), mask=o_s < max_q)
 
 
-@functools.lru_cache(maxsize=256)
-def _varlen_config(rows: int, d: int, dtype: torch.dtype, interpret: bool):
-    """(BM, BN, BK, num_warps, num_stages) for ``rows`` stacked query rows (power-of-two buckets).
-
-    Starting points taken from the dense kernel's H200 sweeps (many rows: BM=256, 8 warps; few:
-    bandwidth-bound, BN=128); not yet swept for the packed kernels themselves."""
-    BK = max(16, next_pow2(d))
-    if dtype == torch.float32:
-        BM, BN, BK, warps = min(128, max(16, rows)), 32, min(64, BK), 4
-    elif d > 128:
-        BM, BN, BK, warps = min(128, max(16, rows)), 64, 64, 4
-    elif rows >= 256:
-        BM, BN, warps = 256, 64, 8
-    else:
-        BM, BN, warps = max(16, rows), 128 if rows <= 64 else 64, 4 if rows <= 64 else 8
-    if interpret:
-        return min(BM, 64), min(BN, 32), BK, 4, 1
-    return BM, BN, BK, warps, 3
-
-
 def varlen_forward(
     q: torch.Tensor,
     d: torch.Tensor,
@@ -199,11 +179,14 @@ def varlen_forward(
     pair_q: torch.Tensor | None = None,
     pair_d: torch.Tensor | None = None,
     save_argmax: bool = False,
+    *,
+    config: dict,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores for the cross product (``pair_q`` None) -> ``[Nq, Nd]``, or for pairs -> ``[P]``.
 
     q ``[Tq, dim]``, d ``[Td, dim]`` contiguous; cu_q ``[Nq + 1]``, cu_d ``[Nd + 1]`` int64 on the
     same device; ``max_q`` bounds every query's length (it sets the number of query chunks).
+    ``config``: the tile (BM, BN, BK, num_warps, num_stages) from ``maxsim.selection.varlen``.
     With ``save_argmax`` also returns argmax ``[P, max_q]`` int32 in pair order (cross product:
     pair p = query p % Nq, document p // Nq), else None.
     """
@@ -218,8 +201,8 @@ def varlen_forward(
     interpret = interpreting()
     slots = 1 if interpret else 2 * multiprocessors(cuda_index(q))
     seg_q = next_pow2(max_q)
-    rows = seg_q * next_pow2(Nq) if cross else seg_q
-    BM, BN, BK, num_warps, num_stages = _varlen_config(rows, dim, q.dtype, interpret)
+    BM, BN, BK = config["BM"], config["BN"], config["BK"]
+    num_warps, num_stages = config["num_warps"], config["num_stages"]
     seg = min(seg_q, BM)
     n_chunks = -(-max_q // seg)
     arg = argmax if argmax is not None else cu_q  # any tensor when unused

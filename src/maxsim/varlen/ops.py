@@ -9,16 +9,30 @@ import torch
 from maxsim import _checks, reference
 from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, through_dispatcher
-from maxsim.dense.ops import BACKWARD_STRATEGIES
+from maxsim.selection import varlen as select
+from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
 from maxsim.varlen.packing import pack, packed_to_padded
 
 
+def _run_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=False):
+    """The selection's kernel and tile, launched (the eager and the op paths share it)."""
+    choice = select.forward_choice(q, cu_q.numel() - 1, max_q, pair_q is not None, save_argmax)
+    return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax, config=choice.config)
+
+
 def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy):
     """The forward op's body (``strategy`` is for the backward only)."""
-    scores, argmax = varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax)
+    scores, argmax = _run_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax)
     return scores, argmax_or_empty(argmax, q.device)
+
+
+def _backward_launch(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy):
+    """The backward op's body."""
+    P, max_q = argmax.shape if argmax.dim() == 2 else (0, 0)
+    config = select.backward_config(strategy, max_q, q.shape[1], P)
+    return varlen_backward(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy, config)
 
 
 @torch.library.custom_op("maxsim::varlen_forward", mutates_args=())
@@ -59,7 +73,7 @@ def varlen_backward_op(
     strategy: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_q like q, grad_d like d)."""
-    return varlen_backward(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy)
+    return _backward_launch(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy)
 
 
 @varlen_backward_op.register_fake
@@ -77,7 +91,7 @@ def _varlen_setup_context(ctx, inputs, output):
 
 # Autograd for the op, and the eager training path: the same implementation and rule.
 _VarlenMaxSim = make_differentiable(
-    "_VarlenMaxSim", varlen_forward_op, varlen_backward_op, _varlen_setup_context, _forward_launch, varlen_backward,
+    "_VarlenMaxSim", varlen_forward_op, varlen_backward_op, _varlen_setup_context, _forward_launch, _backward_launch,
     n_inputs=9,
 )
 
@@ -87,44 +101,11 @@ def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
     Function when a gradient is needed, straight to the launcher otherwise."""
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
-    strategy = "unified" if backward == "auto" else backward
     compiling = through_dispatcher()
     if compiling or needs_grad:
         op = varlen_forward_op if compiling else _VarlenMaxSim.apply
-        return op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, needs_grad, strategy)[0]
-    return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d)[0]
-
-
-def _check_packed(name: str, x: torch.Tensor) -> None:
-    _checks.check_dtype(name, x)
-    if x.dim() != 2:
-        raise ValueError(f"maxsim: {name} must be packed as [total_tokens, d]; got {_checks.shape_str(x)}")
-
-
-def _check_cu(name: str, cu, total: int, device: torch.device, check_values: bool) -> torch.Tensor:
-    """Validate cu_seqlens and return it as int64 on ``device``.
-
-    Values (starts at 0, monotone, ends at ``total``) are checked only when ``check_values``: that
-    reads them on the host, a synchronisation the caller avoids by giving the max lengths.
-    """
-    if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"maxsim: {name} must be a torch.Tensor; got {type(cu).__name__}")
-    if cu.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"maxsim: {name} must be int32 or int64; got {str(cu.dtype).replace('torch.', '')}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"maxsim: {name} must be 1-D [N + 1]; got {_checks.shape_str(cu)}")
-    if cu.device != device:
-        raise ValueError(f"maxsim: {name} is on {cu.device} but the packed tensors are on {device}")
-    if check_values:
-        first, last = int(cu[0]), int(cu[-1])
-        if first != 0:
-            raise ValueError(f"maxsim: {name} must start at 0; got {first}")
-        if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
-            k = int(torch.nonzero(cu[1:] < cu[:-1])[0])
-            raise ValueError(f"maxsim: {name} must be non-decreasing; {name}[{k + 1}] = {int(cu[k + 1])} < {int(cu[k])}")
-        if last != total:
-            raise ValueError(f"maxsim: {name} must end at the packed length {total}; got {last}")
-    return cu.to(torch.int64)
+        return op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, needs_grad, select.strategy(backward, q, d, max_q))[0]
+    return _run_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d)[0]
 
 
 def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
@@ -137,17 +118,8 @@ def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
         if cu_seqlens_d is not None:
             raise ValueError("maxsim: pass either a list of document tensors or packed d with cu_seqlens_d, not both")
         d, cu_seqlens_d, max_seqlen_d = pack(d)
-    _check_packed("q", q)
-    _check_packed("d", d)
-    if q.dtype != d.dtype:
-        raise TypeError(f"maxsim: q and d must have the same dtype; got q {q.dtype} and d {d.dtype}")
-    if q.device != d.device:
-        raise ValueError(f"maxsim: q and d must be on the same device; got q on {q.device} and d on {d.device}")
-    if q.shape[1] != d.shape[1]:
-        raise ValueError(f"maxsim: q and d must have the same embedding dim d; got {q.shape[1]} and {d.shape[1]}")
     trusted = max_seqlen_q is not None and max_seqlen_d is not None
-    cu_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, not trusted)
-    cu_d = _check_cu("cu_seqlens_d", cu_seqlens_d, d.shape[0], d.device, not trusted)
+    cu_q, cu_d = _checks.check_packed(q, d, cu_seqlens_q, cu_seqlens_d, check_values=not trusted)
     if max_seqlen_q is None:
         max_seqlen_q = _max_length(cu_q)
     # The kernels need only the query bound; the document bound is the caller's promise (and,
@@ -171,8 +143,9 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         cu_seqlens_d: int32/int64 ``[Nd + 1]``, likewise.
         max_seqlen_q, max_seqlen_d: the longest query / document. Give both to avoid any host
             synchronisation; the cu_seqlens values are then trusted (not read on the host).
-        backward: grad_d/grad_q reduction when q or d requires grad: ``"unified"`` (fp32 atomics,
-            the default for ``"auto"``) or ``"lowmem"`` (destination-owned, deterministic).
+        backward: grad_d/grad_q reduction when q or d requires grad: ``"unified"`` (fp32 atomics)
+            or ``"lowmem"`` (destination-owned, deterministic); ``"auto"`` is the dense rule:
+            unified unless its fp32 buffers of q's and d's size would pass 2 GiB.
 
     Returns:
         ``[Nq, Nd]`` fp32; an empty sequence contributes 0 (and gets zero gradient). Same as
@@ -201,17 +174,7 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
     """
     q, d, cu_q, cu_d, max_q = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
-    for name, idx, n in (("pair_q", pair_q, Nq), ("pair_d", pair_d, Nd)):
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int32, torch.int64) or idx.dim() != 1:
-            raise TypeError(f"maxsim: {name} must be a 1-D int32/int64 tensor")
-        if idx.device != q.device:
-            raise ValueError(f"maxsim: {name} is on {idx.device} but the packed tensors are on {q.device}")
-        if (max_seqlen_q is None or max_seqlen_d is None) and idx.numel():
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= n:
-                raise ValueError(f"maxsim: {name} must index 0..{n - 1}; got values in [{lo}, {hi}]")
-    if pair_q.shape != pair_d.shape:
-        raise ValueError(f"maxsim: pair_q and pair_d must have the same length; got {pair_q.numel()} and {pair_d.numel()}")
+    _checks.check_pairs(pair_q, pair_d, Nq, Nd, q.device, check_values=max_seqlen_q is None or max_seqlen_d is None)
     pq, pd = pair_q.to(torch.int64), pair_d.to(torch.int64)
     if backend_for(q.device) == "reference":
         full = _reference(q, d, cu_q, cu_d, max_q)  # [Nq, Nd]

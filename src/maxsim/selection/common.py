@@ -1,0 +1,95 @@
+"""What the dense and packed selectors share: the call's device family, the backward strategy
+rule of ``backward="auto"``, config clamps, and the plan's words for ``maxsim.explain``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from maxsim._capability import Call, KernelSpec
+from maxsim._dispatch import cuda_index, interpreting
+from maxsim.tuning import gpu_family
+from maxsim.tuning import tables as T
+
+STRATEGIES = ("auto", "unified", "lowmem")
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+
+
+def device_of(t: torch.Tensor) -> tuple[int, str]:
+    """(device index, tile family) of the tensors a launch will run on (-1 in the interpreter)."""
+    index = -1 if interpreting() else cuda_index(t)
+    return index, gpu_family(index)
+
+
+def call_of(dtype, d, layout, masked, normalize, argmax, family, layout_notes=()) -> Call:
+    return Call(dtype, d, layout, masked, normalize, argmax, family, TRITON_VERSION, layout_notes)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision: the kernel chosen, its configuration, the rule that gave it, and every other
+    candidate with the reason it was not taken."""
+
+    kernel: KernelSpec
+    config: object
+    rule: str
+    record: str
+    rejected: tuple[tuple[str, str], ...] = ()
+
+    def describe(self, what: str) -> str:
+        lines = [f"{what}: {self.kernel.name} — {self.kernel.summary}",
+                 f"    configuration: {format_config(self.config)}",
+                 f"    rule: {self.rule} (record: {self.record})"]
+        lines += [f"    not {name}: {why}" for name, why in self.rejected]
+        return "\n".join(lines)
+
+
+def format_config(config) -> str:
+    if config is None:
+        return "(none)"
+    if dataclasses.is_dataclass(config):
+        config = dataclasses.asdict(config)
+    return " ".join(f"{k}={v}" for k, v in config.items() if v is not False)
+
+
+def auto_strategy(one_query_per_document: bool, lq: int, fp32_buffer_bytes: int,
+                  one_hot_kernel: bool) -> tuple[str, str, str]:
+    """``backward="auto"``, the one rule for dense and packed calls: (strategy, why, why not the
+    other). ``one_query_per_document``: each document belongs to one query (candidate lists);
+    ``one_hot_kernel``: the family has lowmem's one-hot kernel for that case (a declared
+    capability: the dense family has it, the packed one not)."""
+    gib = fp32_buffer_bytes / 2**30
+    limit = T.UNIFIED_MAX_FP32_BYTES / 2**30
+    if one_query_per_document and one_hot_kernel and lq <= T.LISTS_MAX_LQ:
+        return ("lowmem", f"candidate lists with Lq {lq} <= {T.LISTS_MAX_LQ}: the one-hot kernel is faster there "
+                f"and needs no fp32 buffer (record: results/lists-threshold-20261130-0136.log)",
+                "slower on candidate lists up to Lq 512, and needs an fp32 buffer of D's size")
+    if fp32_buffer_bytes > T.UNIFIED_MAX_FP32_BYTES:
+        return ("lowmem", f"unified's fp32 buffer would be {gib:.1f} GiB, above the {limit:.0f} GiB auto limit",
+                f"its fp32 buffer of {gib:.1f} GiB passes the {limit:.0f} GiB limit of backward='auto'")
+    return ("unified", "the fastest strategy here (fp32 atomics; last bits of grad_D vary run to run; "
+            "record: results/train-20261130-012414.csv)",
+            "slower here (deterministic and lighter: pick it with backward='lowmem')")
+
+
+def clamp(config, family: str, varlen: bool = False):
+    """The sm90 choice as run on ``family``: unchanged on sm90, clamped on the interpreter and on
+    GPUs nobody measured (:mod:`maxsim.tuning.tables`)."""
+    if family == "sm90":
+        return config
+    if family == "interpreter":
+        c = T.VARLEN_INTERPRETER_CLAMP if varlen else T.INTERPRETER_CLAMP
+        fields = dict(BM=min(config["BM"], c["BM_MAX"]), BN=min(config["BN"], c["BN_MAX"]),
+                      num_warps=c["num_warps"], num_stages=c["num_stages"])
+        if "waves" in c:
+            fields["waves"] = c["waves"]
+        return {**config, **fields}
+    c = T.UNMEASURED_CLAMP
+    out = {**config, "BM": min(config["BM"], c["BM_MAX"]), "BN": min(config["BN"], c["BN_MAX"]),
+           "num_stages": min(config["num_stages"], c["STAGES_MAX"])}
+    if "tma" in out:
+        out["tma"] = c["tma"]
+    return out

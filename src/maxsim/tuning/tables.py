@@ -1,0 +1,162 @@
+"""Tile tables and cost thresholds, per GPU family: the data the selection layer reads.
+
+Each rule names the benchmark record it came from (``record``: a raw file under
+``benchmarks/results/``, whose numbers and story are in BENCHMARKS.md and benchmarks/HISTORY.md).
+Only the H200 (``sm90``) has been measured. Other GPUs (``unmeasured``) take the sm90 choice
+clamped to what every CUDA GPU from sm80 on holds (:data:`UNMEASURED_CLAMP`): no TMA, at most
+128 x 64 tiles, 2 pipeline stages. The interpreter (CI) runs one program at a time: small tiles,
+no pipelining (:data:`INTERPRETER_CLAMP`).
+"""
+
+from __future__ import annotations
+
+from maxsim.tuning.rules import INF, Rule, When
+
+# --- cost thresholds -------------------------------------------------------------------------
+
+# A call with at least this many document tokens (all query groups together) is a big corpus: long
+# enough for the tiles that stream fastest (TMA, one program per SM) to repay their start-up.
+BIG_CORPUS_TOKENS = 2**17
+# One query of up to 128 tokens runs the warp-specialized kernel only from this many document
+# tokens: below, its two consumers have too little to split (results/onequery-20261129-2125.log).
+WS_ONE_BLOCK_MIN_TOKENS = 2**18
+# backward="auto": candidate lists up to this query length go to lowmem's one-hot kernel
+# (results/lists-threshold-20261130-0136.log).
+LISTS_MAX_LQ = 512
+# backward="auto": the largest fp32 grad buffer unified may allocate before lowmem is taken.
+UNIFIED_MAX_FP32_BYTES = 2 * 2**30
+# lowmem's inverse-map scratch per chunk of documents: a fraction of what the step holds anyway
+# (gradients and argmax), between a floor (few launches) and a cap.
+LOWMEM_SCRATCH_FRACTION = 0.06
+LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
+LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
+
+# --- dense forward, warp-specialized (Gluon) kernel ------------------------------------------
+# tile: BM (query rows a program), BN (document tokens a tile), num_stages (its ring of tiles).
+
+DENSE_FORWARD_WS_SM90 = (
+    Rule("many query rows, big corpus", When(rows=(256, INF), big_corpus=True, d=(128, 128)),
+         dict(BM=256, BN=128, num_stages=4), record="results/sweep-20261129-2224.log"),
+    Rule("one 128-token query block, split documents", When(rows=(128, 128), seg=(128, 128), big_corpus=True,
+                                                           d=(128, 128), argmax=False),
+         dict(BM=128, BN=64, num_stages=6), record="results/onequery-20261129-2125.log"),
+)
+
+# --- dense forward, Triton kernel --------------------------------------------------------------
+# tile: BM, BN, BK (dims a dot; d > BK loops), num_warps, num_stages, waves (programs per SM),
+# row_max (reduce each tile to a row max at once), tma (document tiles through TMA).
+
+_T = dict  # (readability)
+DENSE_FORWARD_SM90 = (
+    Rule("fp32 (IEEE dots on the FMA units)", When(dtype="fp32"),
+         _T(BM="rows<=128", BN=32, BK="d<=64", num_warps=4, num_stages=2)),
+    Rule("d > 128, >= 128 rows, argmax", When(d=(129, INF), rows=(128, INF), argmax=True),
+         _T(BM=128, BN=64, BK=64, num_warps=8, num_stages=3, row_max=True, tma=True),
+         record="results/ws-train-20261129-1904.log"),
+    Rule("d > 128, >= 128 rows", When(d=(129, INF), rows=(128, INF)),
+         _T(BM=128, BN=128, BK=64, num_warps=8, num_stages=3, row_max=True, tma=True),
+         record="results/tune-stages-20261129-1510.log"),
+    Rule("d > 128, <= 32 rows, argmax", When(d=(129, INF), rows=(1, 32), argmax=True),
+         _T(BM="rows", BN=64, BK=128, num_warps=4, num_stages=3, waves=8, row_max=True),
+         record="results/ws-train-20261129-1904.log"),
+    Rule("d > 128, argmax", When(d=(129, INF), argmax=True),
+         _T(BM="rows", BN=64, BK=64, num_warps=4, num_stages=3, waves=8, row_max=True),
+         record="results/ws-train-20261129-1904.log"),
+    Rule("d > 128, <= 32 rows (one short query)", When(d=(129, INF), rows=(1, 32)),
+         _T(BM="rows", BN=128, BK=128, num_warps=4, num_stages=3, waves=8, row_max=True),
+         record="results/tune-stages-20261129-1510.log"),
+    Rule("d > 128", When(d=(129, INF)),
+         _T(BM="rows", BN=128, BK=64, num_warps=4, num_stages=3, waves=8, row_max=True),
+         record="results/tune-stages-20261129-1510.log"),
+    Rule("training forward, long queries stacked", When(rows=(256, INF), seg=(128, INF), argmax=True),
+         _T(BM=64, BN=128, BK="d", num_warps=4, num_stages=3, waves=1, row_max=True, tma=True),
+         record="results/ws-train-20261129-1904.log"),
+    Rule("training forward, short queries stacked", When(rows=(256, INF), argmax=True),
+         _T(BM=256, BN=64, BK="d", num_warps=8, num_stages=3, waves=8, row_max=True),
+         record="results/ws-train-20261129-1904.log"),
+    Rule("ColPali-long queries (>= 512 tokens)", When(rows=(256, INF), seg=(512, INF)),
+         _T(BM=256, BN=64, BK="d", num_warps=8, num_stages=3, row_max=True, tma=True),
+         record="results/tune-tma-20261129-1516.log"),
+    Rule("long queries stacked (>= 128 tokens)", When(rows=(256, INF), seg=(128, INF)),
+         _T(BM=128, BN=128, BK="d", num_warps=4, num_stages=2, row_max=True, tma=True),
+         record="results/tune-tma-20261129-1516.log"),
+    Rule("short queries stacked, d 65-128, big corpus", When(rows=(256, INF), d=(65, 128), big_corpus=True,
+                                                            argmax=False),
+         _T(BM=256, BN=128, BK="d", num_warps=8, num_stages=3, waves=1, row_max=True, tma=True),
+         record="results/probe-20261129-1608.log"),
+    Rule("short queries stacked, d 65-128", When(rows=(256, INF), d=(65, 128)),
+         _T(BM=256, BN=64, BK="d", num_warps=8, num_stages=2, row_max=True),
+         record="results/probe-20261129-1608.log"),
+    Rule("short queries stacked, d <= 64", When(rows=(256, INF)),
+         _T(BM=256, BN=64, BK="d", num_warps=8, num_stages=3, waves=8, row_max=True),
+         record="results/probe-20261129-1608.log"),
+    Rule("one block of 128-255 rows", When(rows=(128, 255)),
+         _T(BM=128, BN=64, BK="d", num_warps=8, num_stages=3),
+         record="results/sweep-20261129-2224.log"),
+    Rule("few rows, d <= 64, big corpus", When(d=(1, 64), big_corpus=True, argmax=False),
+         _T(BM="rows", BN=128, BK="d", num_warps=4, num_stages=4, tma=True),
+         record="results/sweep-20261129-2224.log"),
+    Rule("training forward on candidate lists", When(argmax=True, candidates=True),
+         _T(BM="rows", BN=64, BK="d", num_warps=4, num_stages=3, waves=4),
+         record="results/lists-20261130-0047.log"),
+    Rule("few rows (bandwidth-bound)", When(),
+         _T(BM="rows", BN=128, BK="d", num_warps=4, num_stages=3),
+         record="results/sweep-20261129-2224.log"),
+)
+
+# --- dense backward ----------------------------------------------------------------------------
+
+# The gather kernel (grad_Q; with scatter, grad_D's atomics too): BS query tokens a program, warps,
+# rotate (stagger each program's first document), KB documents a step.
+DENSE_GATHER_SM90 = (
+    Rule("candidate lists, atomics", When(candidates=True, scatter=True),
+         _T(BS=32, num_warps=4, rotate=1, KB=1), record="results/lists-20261130-0038.log"),
+    Rule("candidate lists, lowmem", When(candidates=True),
+         _T(BS=2, num_warps=2, rotate=1, KB=16), record="results/lists-20261130-0047.log"),
+    Rule("cross product, Lq >= 1024", When(lq=(1024, INF)),
+         _T(BS=16, num_warps=2, rotate=0, KB=1), record="results/cross-gather-scatter-20261130-0152.log"),
+    Rule("cross product, atomics, Lq >= 128", When(scatter=True, lq=(128, INF)),
+         _T(BS=4, num_warps=4, rotate=0, KB=1), record="results/bwd-gather-20261129-2020.log"),
+    Rule("cross product, atomics", When(scatter=True),
+         _T(BS=16, num_warps=4, rotate=1, KB=1), record="results/bwd-gather-20261129-2020.log"),
+    Rule("cross product, lowmem, Lq >= 128", When(lq=(128, INF)),
+         _T(BS=16, num_warps=2, rotate=0, KB=2), record="results/cross-gather-20261130-0152.log"),
+    Rule("cross product, lowmem", When(),
+         _T(BS=4, num_warps=2, rotate=1, KB=2), record="results/cross-gather-20261130-0152.log"),
+)
+
+# lowmem's owned kernel (cross product): BE entries summed at once by a program a document token.
+DENSE_OWNED_SM90 = (
+    Rule("<= 16 entries a row", When(per_row=(0, 16)), _T(BE=16, num_warps=1),
+         record="results/lowmem-20261130-0139.log"),
+    Rule("<= 64 entries a row", When(per_row=(0, 64)), _T(BE=32, num_warps=1),
+         record="results/lowmem-20261130-0139.log"),
+    Rule("more entries a row", When(), _T(BE=64, num_warps=2), record="results/lowmem-colpali-20261130-0145.log"),
+)
+
+# lowmem's one-hot kernel (candidate lists) and the small helper kernels: fixed starting points,
+# bounded by registers (BN * BD <= 8192 elements a tile).
+DENSE_LISTS = (Rule("one-hot tiles", When(), _T(BN_ELEMENTS=8192, BS_MIN=16, BS_MAX=64)),)
+DENSE_INVERT = (Rule("counting sort", When(), _T(BLOCK=1024, num_warps=4)),)
+DENSE_JACOBIAN = (Rule("normalize's Jacobian", When(), _T(ELEMENTS=4096, num_warps=4)),)
+
+# --- packed (varlen) ---------------------------------------------------------------------------
+# Starting points taken from the dense kernel's sweeps; not yet swept for the packed kernels.
+
+VARLEN_FORWARD_SM90 = (
+    Rule("fp32", When(dtype="fp32"), _T(BM="rows<=128", BN=32, BK="d<=64", num_warps=4, num_stages=3)),
+    Rule("d > 128", When(d=(129, INF)), _T(BM="rows<=128", BN=64, BK=64, num_warps=4, num_stages=3)),
+    Rule("many rows", When(rows=(256, INF)), _T(BM=256, BN=64, BK="d", num_warps=8, num_stages=3)),
+    Rule("<= 64 rows", When(rows=(1, 64)), _T(BM="rows", BN=128, BK="d", num_warps=4, num_stages=3)),
+    Rule("65-255 rows", When(), _T(BM="rows", BN=64, BK="d", num_warps=8, num_stages=3)),
+)
+VARLEN_ATOMIC_BACKWARD = (Rule("atomics", When(), _T(BR_MAX=16, ELEMENTS=4096, PAIRS_MAX=64, num_warps=4)),)
+VARLEN_OWNED_BACKWARD = (Rule("d <= 128", When(d=(1, 128)), _T(num_warps=1)), Rule("wider", When(), _T(num_warps=4)))
+
+# --- families ----------------------------------------------------------------------------------
+
+# Applied to the sm90 choice on GPUs nobody measured: what every CUDA GPU from sm80 on holds.
+UNMEASURED_CLAMP = dict(BM_MAX=128, BN_MAX=64, STAGES_MAX=2, tma=False)
+# The interpreter runs one program at a time: few, small programs, no pipelining.
+INTERPRETER_CLAMP = dict(BM_MAX=64, BN_MAX=64, num_warps=4, num_stages=1, waves=1)
+VARLEN_INTERPRETER_CLAMP = dict(BM_MAX=64, BN_MAX=32, num_warps=4, num_stages=1)

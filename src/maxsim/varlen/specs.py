@@ -1,0 +1,26 @@
+"""What each packed (varlen) kernel supports; checked by :mod:`maxsim.selection.varlen`."""
+
+from __future__ import annotations
+
+from maxsim._capability import KernelSpec
+
+CROSS_FORWARD = KernelSpec(
+    "varlen.cross_forward",
+    "Triton: stacked packed queries against every packed document, work proportional to real tokens",
+    layouts=("packed",), masks=False, normalize=False,
+)
+PAIRS_FORWARD = KernelSpec(
+    "varlen.pairs_forward",
+    "Triton: one program walks a run of (query, document) pairs of the packed batches",
+    layouts=("pairs",), masks=False, normalize=False,
+)
+UNIFIED_BACKWARD = KernelSpec(
+    "varlen.unified_backward",
+    "grad_q and grad_d by fp32 atomics into buffers of q's and d's size",
+    layouts=("packed", "pairs"), masks=False, normalize=False,
+)
+LOWMEM_BACKWARD = KernelSpec(
+    "varlen.lowmem_backward",
+    "destination-owned: (pair, token) entries sorted by destination row, each row sums its own",
+    layouts=("packed", "pairs"), masks=False, normalize=False,
+)
