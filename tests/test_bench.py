@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -15,7 +16,20 @@ from maxsim.bench import providers as bench_providers
 from maxsim.bench import runner as bench_runner
 from maxsim.bench import train as bench_train
 from maxsim.bench.runner import SHAPE_MARK, TRAIN_CSV_FIELDS, crash_reason, median_rows
-from maxsim.bench.shapes import CPU_SHAPES, GPU_SHAPES, TRAIN_CPU_SHAPES, TRAIN_GPU_SHAPES, shapes_by_name
+from maxsim.bench.shapes import (
+    CPU_SHAPES,
+    GPU_SHAPES,
+    H200,
+    SHAPE_SETS,
+    TRAIN_CPU_SHAPES,
+    TRAIN_GPU_SHAPES,
+    VARLEN_CPU_SHAPES,
+    VARLEN_GPU_SHAPES,
+    ragged_lengths,
+    roofline_for,
+    shapes_by_name,
+)
+from maxsim.cli import main as cli_main
 from maxsim.reference import maxsim_reference
 
 TINY = [
@@ -36,13 +50,17 @@ def _csv_rows(tmp_path, mode="forward"):
         return list(csv.DictReader(f))
 
 
+PROVIDER_NAMES = {name for registry, _ in bench_providers.REGISTRIES.values() for name in registry}
+
+
 def _table_rows(stdout):
-    """(shape, provider) -> the table line's fields."""
+    """(shape, provider) -> the table line's fields (split on blanks)."""
     rows = {}
     for line in stdout.splitlines():
         parts = line.split()
         if len(parts) >= 2 and parts[0].startswith("tiny_"):
-            rows[(parts[0], parts[1])] = parts
+            provider = next(p for p in parts if p in PROVIDER_NAMES)
+            rows[(parts[0], provider)] = parts
     return rows
 
 
@@ -51,19 +69,27 @@ def test_end_to_end_cpu(tmp_path, capsys):
     assert run_cli(argv, shapes=TINY) == 0
     out = capsys.readouterr().out
 
-    assert out.splitlines()[0].startswith("CPU")  # the header line
+    assert out.splitlines()[0].startswith("maxsim bench --mode forward on CPU")  # the header line
+    assert "% floor" not in out.splitlines()[3]  # no H200 roofline on a CPU: no column
     table = _table_rows(out)
     assert set(table) == {(s.name, p) for s in TINY for p in ("maxsim", "naive")}
+    for (name, _), parts in table.items():  # every row shows its dimensions
+        shape = next(s for s in TINY if s.name == name)
+        dims = [str(shape.nq), "x", str(shape.nd), str(shape.lq), str(shape.ld), str(shape.d), shape.dtype]
+        assert parts[1:9] == dims + ["prefix" if shape.masked else "-"]
 
     rows = _csv_rows(tmp_path)
     assert len(rows) == 2 * len(TINY)
     for row in rows:
         assert row["status"] == "ok"
         assert 0 <= float(row["rel_err"]) < 1e-2
-        assert float(row["ms"]) > 0 and float(row["pct_floor"]) > 0
-        assert row["peak_mb"] == ""  # not measured on CPU
-        assert float(row["speedup"]) > 0
+        assert float(row["ms"]) > 0
+        assert row["pct_floor"] == row["floor_ms"] == row["peak_mb"] == ""  # not on a CPU
     by_key = {(r["shape"], r["provider"]): r for r in rows}
+    for shape in TINY:  # one definition on every row: the row's ms over maxsim's
+        naive, mine = by_key[(shape.name, "naive")], by_key[(shape.name, "maxsim")]
+        assert mine["speedup"] == ""
+        assert float(naive["speedup"]) == pytest.approx(float(naive["ms"]) / float(mine["ms"]), rel=1e-3)
     assert float(by_key[("tiny_fp32", "maxsim")]["rel_err"]) <= 1e-4
 
     lines = _only(tmp_path, "forward-*.jsonl").read_text().splitlines()
@@ -71,16 +97,24 @@ def test_end_to_end_cpu(tmp_path, capsys):
     assert [json.loads(x)["shape"] for x in lines[1:]] == [r["shape"] for r in rows]
 
 
-def test_csv_option_and_unavailable_peers(tmp_path, capsys):
+def test_csv_option_and_skipped_peers(tmp_path, capsys, monkeypatch):
+    # One peer installed but CUDA-only (its module stands in for an installed one), one missing.
+    flash = bench_providers.PROVIDERS["flash-maxsim"]
+    monkeypatch.setitem(bench_providers.PROVIDERS, "flash-maxsim", dataclasses.replace(flash, module="json"))
+    lik = bench_providers.PROVIDERS["late-interaction-kernels"]
+    missing = dataclasses.replace(lik, module="maxsim_bench_no_such_module")
+    monkeypatch.setitem(bench_providers.PROVIDERS, "late-interaction-kernels", missing)
     target = tmp_path / "sub" / "result.csv"
-    argv = ["--providers", "maxsim,flash-maxsim", "--device", "cpu", "--quick"]
+    argv = ["--providers", "maxsim,flash-maxsim,late-interaction-kernels", "--device", "cpu", "--quick"]
     argv += ["--out", str(tmp_path), "--csv", str(target)]
-    assert run_cli(argv, shapes=TINY[:1]) == 0
+    assert run_cli(argv, shapes=TINY) == 0
     with open(target, newline="") as f:
-        rows = {r["provider"]: r for r in csv.DictReader(f)}
-    assert rows["maxsim"]["status"] == "ok"
-    assert rows["flash-maxsim"]["status"] == "n/a"  # peers need CUDA
-    assert _table_rows(capsys.readouterr().out)[("tiny_fp16", "flash-maxsim")][2] == "n/a"
+        rows = list(csv.DictReader(f))
+    assert {r["provider"] for r in rows} == {"maxsim"} and len(rows) == len(TINY)  # no n/a rows
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith("skipped")]
+    assert skipped == ["skipped, not installed: late-interaction-kernels; need a CUDA GPU: flash-maxsim"]
+    assert {p for _, p in _table_rows(out)} == {"maxsim"}
 
 
 def test_maxsim_wrong_result_fails(tmp_path, monkeypatch):
@@ -235,7 +269,58 @@ def test_gpu_shape_set_is_the_specified_one():
         "1q_x_100k", "32q_x_100k", "colpali_1x1k", "1x1k_128x1024",
         "inbatch_128x128", "masked_64x64", "1x1k_32x300", "d768_32x10k",
     ]  # fmt: skip
-    assert [s.name for s in CPU_SHAPES] == [n + "_cpu" for n in names]
+
+
+def _layout(s):
+    return (s.dtype, s.masked, s.candidates, s.ragged, s.d)
+
+
+@pytest.mark.parametrize("mode", list(SHAPE_SETS))
+def test_cpu_sets_scale_the_gpu_sets_down(mode):
+    gpu, cpu = SHAPE_SETS[mode]
+    assert len(cpu) == len(gpu)
+    for small, big in zip(cpu, gpu):
+        assert _layout(small) == _layout(big), (small.name, big.name)
+        assert small.nq * small.nd * small.lq * small.ld < big.nq * big.nd * big.lq * big.ld
+
+
+def _count(text):
+    return int(text[:-1]) * 1000 if text.endswith("k") else int(text)
+
+
+def _dims_in_name(name):
+    """What a shape's name says of its dimensions: ``4q_x_500`` and the first ``AxB`` are Nq x Nd
+    (``b4``: Nq = Nd = 4), a further ``AxB`` Lq x Ld, ``d768`` d, ``colpali`` Lq = Ld = 1024."""
+    said, pairs = {}, []
+    for token in name.split("_"):
+        if m := re.fullmatch(r"(\d+k?)x(\d+k?)", token):
+            pairs.append((_count(m[1]), _count(m[2])))
+        elif m := re.fullmatch(r"b(\d+)", token):
+            said["nq"] = said["nd"] = int(m[1])
+        elif m := re.fullmatch(r"d(\d+)", token):
+            said["d"] = int(m[1])
+    if m := re.match(r"(\d+k?)q_x_(\d+k?)", name):
+        pairs.insert(0, (_count(m[1]), _count(m[2])))
+    if "nq" not in said and pairs:
+        said["nq"], said["nd"] = pairs.pop(0)
+    if pairs:
+        said["lq"], said["ld"] = pairs.pop(0)
+    if "colpali" in name:
+        said["lq"] = said["ld"] = 1024
+    return said
+
+
+@pytest.mark.parametrize("shape", [s for sets in SHAPE_SETS.values() for shape_set in sets for s in shape_set],
+                         ids=lambda s: s.name)
+def test_shape_names_say_their_dimensions(shape):
+    said = _dims_in_name(shape.name)
+    assert "nq" in said and "nd" in said, f"{shape.name} does not say Nq x Nd"
+    assert said == {k: getattr(shape, k) for k in said}
+
+
+def test_the_dimension_parser_catches_a_misleading_name():
+    assert _dims_in_name("1q_x_100k_cpu") == {"nq": 1, "nd": 100_000}  # the old name of a 1 x 500 shape
+    assert _dims_in_name("train_b4_256x512") == {"nq": 4, "nd": 4, "lq": 256, "ld": 512}
 
 
 # --- train mode ---------------------------------------------------------------------------------
@@ -254,8 +339,9 @@ def test_train_end_to_end_cpu(tmp_path, capsys):
     assert run_cli(argv, shapes=TINY_TRAIN) == 0
     out = capsys.readouterr().out
 
-    assert out.splitlines()[0].startswith("CPU")
-    assert "gQ err" in out and "gD err" in out and "wall ms" in out and "cross_entropy" in out
+    assert out.splitlines()[0].startswith("maxsim bench --mode train on CPU")
+    assert "gQ err" in out and "gD err" in out and "cross_entropy" in out
+    assert "wall ms" not in out and "peak MB" not in out  # CUDA-only columns
     table = _table_rows(out)
     assert set(table) == {(s.name, p) for s in TINY_TRAIN for p in ("maxsim", "naive")}
 
@@ -267,7 +353,8 @@ def test_train_end_to_end_cpu(tmp_path, capsys):
     dtype = {s.name: s.dtype for s in TINY_TRAIN}
     for row in rows:
         assert row["status"] == "ok", row
-        assert float(row["ms"]) > 0 and float(row["pct_floor"]) > 0 and float(row["speedup"]) > 0
+        assert float(row["ms"]) > 0 and row["pct_floor"] == ""
+        assert (row["speedup"] == "") == (row["provider"] == "maxsim")
         assert row["peak_mb"] == "" and row["wall_ms"] == ""  # not measured on CPU (ms is wall time there)
         tol = 1e-4 if dtype[row["shape"]] == "fp32" else 1e-2
         assert 0 <= float(row["rel_err"]) <= tol, (row["shape"], row["provider"], row["rel_err"])
@@ -289,13 +376,12 @@ def test_train_variants_rows_and_speedups(tmp_path):
     argv = TRAIN_ARGV + ["--providers", "maxsim,maxsim-unified,maxsim-lowmem,naive,flash-maxsim"]
     assert run_cli(argv + ["--out", str(tmp_path)], shapes=TINY_TRAIN[:1]) == 0
     rows = {r["provider"]: r for r in _csv_rows(tmp_path, "train")}
-    assert rows["flash-maxsim"]["status"] == "n/a"  # peers need CUDA
-    naive_ms = float(rows["naive"]["ms"])
-    for name in ("maxsim", "maxsim-unified", "maxsim-lowmem"):
+    assert "flash-maxsim" not in rows  # not installed here, or needs CUDA: said in the header
+    mine = float(rows["maxsim"]["ms"])
+    assert rows["maxsim"]["speedup"] == ""
+    for name in ("maxsim-unified", "maxsim-lowmem", "naive"):
         assert rows[name]["status"] == "ok"
-        # maxsim rows: the fastest peer against the row itself, not against maxsim.
-        assert float(rows[name]["speedup"]) == pytest.approx(naive_ms / float(rows[name]["ms"]), rel=1e-3)
-    assert float(rows["naive"]["speedup"]) == pytest.approx(naive_ms / float(rows["maxsim"]["ms"]), rel=1e-3)
+        assert float(rows[name]["speedup"]) == pytest.approx(float(rows[name]["ms"]) / mine, rel=1e-3)
 
 
 def test_train_in_a_worker(tmp_path):
@@ -392,9 +478,7 @@ def test_train_shape_set_is_the_specified_one():
         ("train_candidates_32x32", 32, 32, 32, 300, 128, "bf16", True),
         ("train_colpali_b128", 128, 128, 1024, 1024, 128, "bf16", False),
     ]
-    assert [s.name for s in TRAIN_CPU_SHAPES] == [s.name + "_cpu" for s in TRAIN_GPU_SHAPES]
-    for cpu, gpu in zip(TRAIN_CPU_SHAPES, TRAIN_GPU_SHAPES):
-        assert (cpu.dtype, cpu.candidates, cpu.masked) == (gpu.dtype, gpu.candidates, gpu.masked)
+    for cpu in TRAIN_CPU_SHAPES:
         assert cpu.candidates or cpu.nd >= cpu.nq
     # The fp32 reference's gradients fit the budget on every GPU shape (no check is skipped).
     assert all(bench_train.reference_grad_bytes(s) <= bench_train.REF_GRAD_LIMIT_BYTES for s in TRAIN_GPU_SHAPES)
@@ -409,3 +493,176 @@ def test_sweep_set_covers_the_grid_at_about_a_millisecond():
     for s in sweep:
         if 16 < s.nd < 200_000:  # not clamped
             assert 0.9e-3 <= floor_seconds(s) <= 1.1e-3
+
+
+# --- varlen mode --------------------------------------------------------------------------------
+
+TINY_VARLEN = [
+    Shape("tiny_varlen_uniform", 3, 7, 5, 24, d=16, ragged="uniform"),
+    Shape("tiny_varlen_ragged_fp32", 2, 9, 4, 40, d=8, dtype="fp32", ragged="ragged"),
+]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "hotpotqa", "ragged"])
+def test_ragged_lengths_are_deterministic_and_in_range(kind):
+    shape = Shape("tiny", 2, 500, 4, 64, d=8, ragged=kind)
+    lengths = ragged_lengths(shape, seed=5)
+    assert torch.equal(lengths, ragged_lengths(shape, seed=5))
+    assert lengths.shape == (500,) and int(lengths.min()) >= 1 and int(lengths.max()) <= 64
+    assert len(set(lengths.tolist())) > 10  # ragged, not one length
+    if kind == "uniform":
+        assert int(lengths.min()) >= 32
+    Q, D, q_mask, d_mask = make_inputs(shape, "cpu", seed=5)
+    assert q_mask is None and torch.equal(d_mask.sum(-1), lengths)
+
+
+def test_ragged_shapes_need_no_other_masks():
+    with pytest.raises(ValueError, match="ragged"):
+        Shape("bad", 1, 2, 3, 4, ragged="uniform", masked=True)
+    with pytest.raises(ValueError, match="ragged"):
+        Shape("bad", 1, 2, 3, 4, ragged="zipf")
+
+
+def test_varlen_prepare_packs_the_real_tokens():
+    shape = TINY_VARLEN[0]
+    Q, D, q_mask, d_mask = make_inputs(shape, "cpu")
+    q, d, cu_q, cu_d, max_q, max_d = bench_providers.VARLEN_PROVIDERS["maxsim"].prepare(Q, D, q_mask, d_mask)
+    lengths = d_mask.sum(-1)
+    assert torch.equal(q, Q.reshape(-1, shape.d)) and cu_q.tolist() == list(range(0, 16, 5)) and max_q == 5
+    assert cu_d.tolist() == [0] + torch.cumsum(lengths, 0).tolist() and max_d == int(lengths.max())
+    for i in range(shape.nd):
+        assert torch.equal(d[cu_d[i]:cu_d[i + 1]], D[i, : lengths[i]])
+    queries, d2, cu_d32, max_d2 = bench_providers.VARLEN_PROVIDERS["flash-maxsim"].prepare(Q, D, q_mask, d_mask)
+    assert len(queries) == shape.nq and torch.equal(d2, d) and cu_d32.dtype == torch.int32 and max_d2 == max_d
+
+
+def test_varlen_end_to_end_cpu(tmp_path, capsys):
+    argv = ["--mode", "varlen", "--providers", "maxsim,maxsim-padded,naive", "--device", "cpu", "--quick"]
+    assert run_cli(argv + ["--out", str(tmp_path)], shapes=TINY_VARLEN) == 0
+    rows = _csv_rows(tmp_path, "varlen")
+    assert [(r["shape"], r["provider"]) for r in rows] == [
+        (s.name, p) for s in TINY_VARLEN for p in ("maxsim", "maxsim-padded", "naive")]
+    for row in rows:
+        assert row["status"] == "ok" and row["ragged"] in ("uniform", "ragged")
+        tol = 1e-4 if row["dtype"] == "fp32" else 1e-2
+        assert 0 <= float(row["rel_err"]) <= tol
+    out = capsys.readouterr().out
+    assert "fill" in out and "maxsim_varlen" in out
+    assert run_cli(["--mode", "train", "--shapes", "varlen_ragged_4x64", "--device", "cpu"]) == 2
+
+
+def test_varlen_wrong_packing_fails(tmp_path, monkeypatch):
+    def drops_the_last_document(q, d, cu_q, cu_d, max_q, max_d):
+        import maxsim
+
+        scores = maxsim.maxsim_varlen(q, d, cu_q, cu_d, max_seqlen_q=max_q, max_seqlen_d=max_d)
+        scores[:, -1] = 0
+        return scores
+
+    broken = dataclasses.replace(bench_providers.VARLEN_PROVIDERS["maxsim"], fn=drops_the_last_document)
+    monkeypatch.setitem(bench_providers.VARLEN_PROVIDERS, "maxsim", broken)
+    argv = ["--mode", "varlen", "--providers", "maxsim", "--device", "cpu", "--quick", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=TINY_VARLEN[:1]) == 1
+
+
+def test_varlen_floor_counts_the_real_tokens():
+    shape = VARLEN_GPU_SHAPES[2]
+    tokens = int(ragged_lengths(shape).sum())
+    assert tokens < shape.nd * shape.ld / 4  # fill ~0.16
+    bytes_ = (shape.nq * shape.lq + tokens) * shape.d * 2 + shape.nq * shape.nd * 4
+    flops_ = 2 * shape.nq * shape.lq * tokens * shape.d
+    assert floor_seconds(shape, "varlen") == pytest.approx(max(bytes_ / 4.3e12, flops_ / 790e12))
+
+
+# --- floors, output directory, command line -----------------------------------------------------
+
+
+def test_rooflines_only_for_measured_gpus():
+    assert roofline_for("NVIDIA H200") is H200
+    assert roofline_for("NVIDIA A100-SXM4-80GB") is None
+    assert roofline_for("CPU (x86_64, 2 cores)") is None
+
+
+def _row(provider, ms, shape=TINY[0]):
+    return bench_runner._record(shape, provider, "ok", ms=ms, rel_err=0.0, peak_mb=1.0)
+
+
+def test_floor_column_only_with_a_roofline():
+    rows = [_row("maxsim", 2.0), _row("naive", 6.0)]
+    bench_runner.add_floors(rows, TINY, None, "forward")
+    assert all(r["pct_floor"] is None for r in rows)
+    assert "% floor" not in bench_runner.format_table(rows)
+    bench_runner.add_floors(rows, TINY, H200, "forward")
+    floor_ms = floor_seconds(TINY[0]) * 1e3
+    assert [r["pct_floor"] for r in rows] == pytest.approx([100 * floor_ms / 2.0, 100 * floor_ms / 6.0])
+    table = bench_runner.format_table(rows)
+    assert "% floor" in table.splitlines()[0] and "peak MB" in table.splitlines()[0]
+
+
+def test_speedups_differ_per_row_with_one_peer():
+    # The old rule gave maxsim's row the fastest peer's ratio: with one peer, the same number twice.
+    rows = [_row("maxsim", 2.0), _row("naive", 6.0), _row("maxsim-lowmem", 3.0)]
+    bench_runner.add_speedups(rows)
+    assert [r["speedup"] for r in rows] == [None, pytest.approx(3.0), pytest.approx(1.5)]
+    rows = [_row("naive", 6.0)]  # no maxsim row: no ratio
+    bench_runner.add_speedups(rows)
+    assert rows[0]["speedup"] is None
+
+
+def test_default_out_dir_is_under_the_working_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["--providers", "maxsim", "--device", "cpu", "--quick"], shapes=TINY[:1]) == 0
+    out_dir = tmp_path / "maxsim-bench-results"
+    assert len(list(out_dir.glob("forward-*.csv"))) == 1
+    assert f"to {out_dir.resolve()}" in capsys.readouterr().out
+
+
+def test_main_command_runs_bench_and_info(tmp_path, capsys):
+    argv = ["bench", "--shapes", "masked_16x16", "--providers", "maxsim", "--device", "cpu", "--quick"]
+    assert cli_main(argv + ["--out", str(tmp_path)]) == 0
+    jsonl = _only(tmp_path, "forward-*.jsonl").read_text().splitlines()
+    assert json.loads(jsonl[0])["argv"] == argv + ["--out", str(tmp_path)]
+    assert json.loads(jsonl[1])["shape"] == "masked_16x16"
+    assert cli_main(["info"]) == 0
+    assert "backend for CPU tensors" in capsys.readouterr().out
+    assert cli_main([]) == 2
+
+
+def test_list_shows_every_mode(capsys):
+    assert cli_main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    for mode, (gpu, cpu) in SHAPE_SETS.items():
+        assert f"--mode {mode}" in out
+        for s in gpu + cpu:
+            assert s.name in out
+    assert "1q_x_500                 1 queries x 500 documents, Lq 32, Ld 300" in out
+    assert "selftest" not in out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["info", "--help"]])
+def test_help_has_no_markup_and_no_test_provider(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m maxsim" in out
+    assert "``" not in out and ":mod:" not in out and ":func:" not in out
+    assert "selftest" not in out
+
+
+def test_the_test_provider_is_accepted_but_not_listed(tmp_path, capsys):
+    assert run_cli(["--providers", "nope", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "known: maxsim, naive" in err and "selftest" not in err
+    assert bench_providers.get_providers(["selftest-crash"])[0].internal
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_run_and_the_floor_column(tmp_path, capsys):
+    argv = ["--mode", "varlen", "--shapes", "varlen_ragged_32x20k", "--providers", "maxsim,maxsim-padded"]
+    assert run_cli(argv + ["--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("% floor" in out) == (roofline_for(torch.cuda.get_device_name(0)) is not None)
+    rows = {r["provider"]: r for r in _csv_rows(tmp_path, "varlen")}
+    assert rows["maxsim"]["status"] == rows["maxsim-padded"]["status"] == "ok"
+    assert float(rows["maxsim-padded"]["speedup"]) > 0 and float(rows["maxsim"]["peak_mb"]) >= 0

@@ -1,16 +1,17 @@
 """The implementations the benchmark compares, behind one calling convention.
 
-A provider is a name plus ``fn(Q, D, q_arg, d_arg) -> scores [Nq, Nd] fp32`` and an
-``available(device)`` check. D is ``[Nd, Ld, d]`` (cross product) or ``[Nq, K, Ld, d]``
-(per-query candidate lists, scores ``[Nq, K]``). ``prepare(Q, D, q_mask, d_mask)`` runs once, outside the timed region,
-and turns the harness's bool masks into whatever the provider consumes natively (flash-maxsim
-takes lengths), so a provider is not charged for converting inputs its users would already have.
-``mask_mode`` names the masking rule the provider implements; the error column compares it with
-``maxsim_reference(..., mask_mode=...)`` so that it measures numerics, not a rule difference.
+A provider is a name plus ``fn(*prepare(Q, D, q_mask, d_mask)) -> scores [Nq, Nd] fp32``. D is
+``[Nd, Ld, d]`` (cross product) or ``[Nq, K, Ld, d]`` (per-query candidate lists, scores
+``[Nq, K]``). ``prepare`` runs once, outside the timed region, and turns the harness's padded
+inputs and bool masks into whatever the provider consumes natively (flash-maxsim takes lengths,
+the varlen providers packed tokens), so a provider is not charged for converting inputs its users
+would already have. ``mask_mode`` names the masking rule the provider implements; the error
+column compares it with ``maxsim_reference(..., mask_mode=...)`` so that it measures numerics,
+not a rule difference.
 
 Each mode has its registry: ``PROVIDERS`` for the forward, ``TRAIN_PROVIDERS`` for the training
 step, whose ``fn`` must be differentiable in Q and D (the harness calls ``backward()`` on a loss
-of its scores).
+of its scores), ``VARLEN_PROVIDERS`` for ragged batches.
 """
 
 from __future__ import annotations
@@ -41,10 +42,18 @@ def _as_is(Q, D, q_mask, d_mask):
 class Provider:
     name: str
     fn: Callable  # fn(*prepare(Q, D, q_mask, d_mask)) -> [Nq, Nd] fp32
-    available: Callable[[str], bool]  # available(device)
     prepare: Callable = _as_is
     mask_mode: str = "exclude"
     dist: str | None = None  # distribution name, for the version in the header
+    module: str | None = None  # a peer's import name; None: part of this package, always there
+    needs_cuda: bool = False  # the peers import without a GPU but need one to run
+    internal: bool = False  # a test fixture: accepted by name, listed nowhere
+
+    def installed(self) -> bool:
+        return self.module is None or _importable(self.module)
+
+    def runs_on(self, device: str) -> bool:
+        return device == "cuda" or not self.needs_cuda
 
 
 # --- maxsim -------------------------------------------------------------------------------------
@@ -65,14 +74,6 @@ def _maxsim_with_backward(strategy: str) -> Callable:
         return maxsim.maxsim(Q, D, q_mask, d_mask, backward=strategy).float()
 
     return fn
-
-
-def _maxsim_available(device: str) -> bool:
-    try:
-        import maxsim
-    except Exception:
-        return False
-    return callable(getattr(maxsim, "maxsim", None))
 
 
 # --- naive: what PyLate users run today ---------------------------------------------------------
@@ -169,37 +170,70 @@ def _selftest_crash_fn(Q, D, q_mask, d_mask):
     return maxsim_reference(Q, D, q_mask, d_mask)
 
 
-def _always(device: str) -> bool:
-    return True
+# --- varlen: packed ragged batches -------------------------------------------------------------
 
 
-def _peer_available(module: str) -> Callable[[str], bool]:
-    # The peers import without a GPU but need one to run.
-    return lambda device: device == "cuda" and _importable(module)
+def _packed(X: torch.Tensor, mask: torch.Tensor | None):
+    """Padded ``X [N, L, d]`` (+ bool mask ``[N, L]``) -> ``(packed [T, d], cu_seqlens [N + 1], max L)``."""
+    import maxsim
 
+    if mask is None:
+        mask = torch.ones(X.shape[:-1], dtype=torch.bool, device=X.device)
+    return maxsim.padded_to_packed(X, mask)
+
+
+def _varlen_prepare(Q, D, q_mask, d_mask):
+    q, cu_q, max_q = _packed(Q, q_mask)
+    d, cu_d, max_d = _packed(D, d_mask)
+    return q, d, cu_q, cu_d, max_q, max_d
+
+
+def _maxsim_varlen_fn(q, d, cu_q, cu_d, max_q, max_d):
+    import maxsim
+
+    return maxsim.maxsim_varlen(q, d, cu_q, cu_d, max_seqlen_q=max_q, max_seqlen_d=max_d).float()
+
+
+def _lik_varlen_prepare(Q, D, q_mask, d_mask):
+    q, d, cu_q, cu_d, max_q, max_d = _varlen_prepare(Q, D, q_mask, d_mask)
+    return q, d, cu_q.to(torch.int32), cu_d.to(torch.int32), max_q, max_d  # its offsets are int32
+
+
+def _lik_varlen_fn(q, d, cu_q, cu_d, max_q, max_d):
+    import late_interaction_kernels
+
+    return late_interaction_kernels.maxsim_varlen(q, d, cu_q, cu_d, max_q, max_d).float()
+
+
+def _flash_packed_prepare(Q, D, q_mask, d_mask):
+    """flash-maxsim's packed entry point scores one 2-D query: one query's real tokens each."""
+    queries = [Q[i, : int(q_mask[i].sum())] if q_mask is not None else Q[i] for i in range(Q.shape[0])]
+    d, cu_d, max_d = _packed(D, d_mask)
+    return queries, d, cu_d.to(torch.int32), max_d
+
+
+def _flash_packed_fn(queries, d, cu_d, max_d):
+    import flash_maxsim
+
+    return torch.stack([flash_maxsim.flash_maxsim_packed(q, d, cu_d, max_d) for q in queries]).float()
+
+
+# --- registries ---------------------------------------------------------------------------------
+
+_LIK = dict(dist="late-interaction-kernels", module="late_interaction_kernels", needs_cuda=True)
+_FLASH = dict(dist="flash-maxsim", module="flash_maxsim", needs_cuda=True)
+_SELFTEST = Provider("selftest-crash", _selftest_crash_fn, internal=True)
 
 PROVIDERS = {
     p.name: p
     for p in [
-        Provider("maxsim", _maxsim_fn, _maxsim_available, dist="maxsim"),
-        Provider("naive", _naive_fn, _always, mask_mode="multiply"),
-        Provider(
-            "late-interaction-kernels",
-            _lik_fn,
-            _peer_available("late_interaction_kernels"),
-            dist="late-interaction-kernels",
-        ),
-        Provider(
-            "flash-maxsim",
-            _flash_fn,
-            _peer_available("flash_maxsim"),
-            prepare=_flash_prepare,
-            dist="flash-maxsim",
-        ),
-        Provider("selftest-crash", _selftest_crash_fn, _always),
+        Provider("maxsim", _maxsim_fn, dist="maxsim"),
+        Provider("naive", _naive_fn, mask_mode="multiply"),
+        Provider("late-interaction-kernels", _lik_fn, **_LIK),
+        Provider("flash-maxsim", _flash_fn, prepare=_flash_prepare, **_FLASH),
+        _SELFTEST,
     ]
 }
-DEFAULT_PROVIDERS = ["maxsim", "naive", "late-interaction-kernels", "flash-maxsim"]
 
 # The training step: the same calls where they are differentiable as they are (late-interaction-
 # kernels' maxsim is; naive is through autograd), flash-maxsim's autograd entry point, and maxsim
@@ -207,30 +241,37 @@ DEFAULT_PROVIDERS = ["maxsim", "naive", "late-interaction-kernels", "flash-maxsi
 TRAIN_PROVIDERS = {
     p.name: p
     for p in [
-        Provider("maxsim", _maxsim_with_backward("auto"), _maxsim_available, dist="maxsim"),
-        Provider("maxsim-unified", _maxsim_with_backward("unified"), _maxsim_available),
-        Provider("maxsim-lowmem", _maxsim_with_backward("lowmem"), _maxsim_available),
+        Provider("maxsim", _maxsim_with_backward("auto"), dist="maxsim"),
+        Provider("maxsim-unified", _maxsim_with_backward("unified")),
+        Provider("maxsim-lowmem", _maxsim_with_backward("lowmem")),
         PROVIDERS["naive"],
         PROVIDERS["late-interaction-kernels"],
-        Provider(
-            "flash-maxsim",
-            _flash_train_fn,
-            _peer_available("flash_maxsim"),
-            prepare=_flash_train_prepare,
-            dist="flash-maxsim",
-        ),
-        PROVIDERS["selftest-crash"],
+        Provider("flash-maxsim", _flash_train_fn, prepare=_flash_train_prepare, **_FLASH),
+        _SELFTEST,
     ]
 }
-DEFAULT_TRAIN_PROVIDERS = [
-    "maxsim", "maxsim-unified", "maxsim-lowmem", "naive", "late-interaction-kernels", "flash-maxsim",
-]  # fmt: skip
 
-# mode -> (registry, default provider names)
-REGISTRIES = {
-    "forward": (PROVIDERS, DEFAULT_PROVIDERS),
-    "train": (TRAIN_PROVIDERS, DEFAULT_TRAIN_PROVIDERS),
+# Ragged batches: maxsim on the packed tokens ("maxsim") and on the padded batch with a document
+# mask ("maxsim-padded": the speed-up of packing), naive PyTorch on the padded batch, the peers'
+# packed entry points.
+VARLEN_PROVIDERS = {
+    p.name: p
+    for p in [
+        Provider("maxsim", _maxsim_varlen_fn, prepare=_varlen_prepare, dist="maxsim"),
+        Provider("maxsim-padded", _maxsim_fn),
+        PROVIDERS["naive"],
+        Provider("late-interaction-kernels", _lik_varlen_fn, prepare=_lik_varlen_prepare, **_LIK),
+        Provider("flash-maxsim", _flash_packed_fn, prepare=_flash_packed_prepare, **_FLASH),
+    ]
 }
+
+# mode -> (registry, default provider names: every provider that is not internal)
+REGISTRIES = {
+    mode: (registry, [name for name, p in registry.items() if not p.internal])
+    for mode, registry in [("forward", PROVIDERS), ("train", TRAIN_PROVIDERS), ("varlen", VARLEN_PROVIDERS)]
+}
+DEFAULT_PROVIDERS = REGISTRIES["forward"][1]
+DEFAULT_TRAIN_PROVIDERS = REGISTRIES["train"][1]
 
 
 def is_maxsim(name: str) -> bool:
@@ -239,8 +280,8 @@ def is_maxsim(name: str) -> bool:
 
 
 def get_providers(names: list[str], mode: str = "forward") -> list[Provider]:
-    registry = REGISTRIES[mode][0]
+    registry, listed = REGISTRIES[mode]
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ValueError(f"unknown provider(s) {', '.join(unknown)}; known: {', '.join(registry)}")
+        raise ValueError(f"unknown provider(s) {', '.join(unknown)} for --mode {mode}; known: {', '.join(listed)}")
     return [registry[n] for n in names]

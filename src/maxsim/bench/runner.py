@@ -1,6 +1,6 @@
 """Benchmark: time every provider on every shape, check it, and report.
 
-    python -m maxsim bench [--mode forward|train] [--shapes a,b] [--providers p,q] [--quick]
+    python -m maxsim bench [--mode forward|train|varlen] [--shapes a,b] [--providers p,q] [--quick]
                            [--repeat N] [--pin-cpu CPU] [--device cpu|cuda] [--out DIR]
 
 For each (shape, provider) cell: build the inputs from a fixed seed, compute the reference
@@ -8,6 +8,9 @@ scores, call the provider once (compiles and autotunes), compare with the refere
 peak memory of one call, then time it (median on CUDA, each call after a flush that leaves the L2
 cold and clean: :mod:`maxsim.bench.timing`;
 ``time.perf_counter`` median on CPU).
+
+``--mode varlen`` times ragged batches: maxsim on packed tokens against maxsim on the padded
+batch, naive PyTorch and the peers' packed entry points (:data:`maxsim.bench.shapes.RAGGED_KINDS`).
 
 ``--mode train`` does the same for one training step instead of one call: zero the gradients,
 score, cross-entropy loss, backward (:mod:`maxsim.bench.train`); the check covers the scores and
@@ -51,28 +54,28 @@ from pathlib import Path
 
 import torch
 
+from maxsim.bench.cli import DEFAULT_TIMEOUT_S, DESCRIPTION, EPILOG, MODES, add_arguments
 from maxsim.bench.providers import REGISTRIES, Provider, get_providers, is_maxsim
 from maxsim.bench.shapes import (
-    DENSE_FLOPS_PER_S,
-    HBM_BYTES_PER_S,
+    RAGGED_KINDS,
+    Roofline,
     Shape,
     default_shapes,
     floor_seconds,
     make_inputs,
+    roofline_for,
     shapes_by_name,
 )
 from maxsim.bench.timing import back_to_back, cold_ms
 from maxsim.bench.train import grad_error, reference_step, train_labels, train_step
 
-MODES = ("forward", "train")
 # Largest acceptable max|out - ref| / max|ref| for maxsim itself, by input dtype; in train mode
 # also the largest ||grad - ref|| / ||ref|| of grad_Q and grad_D.
 TOLERANCE = {"fp16": 2e-2, "bf16": 2e-2, "fp32": 1e-4}
 # triton.testing.do_bench (warmup, rep) in ms, and CPU timing runs, without / with --quick.
-# 25/100 ms keeps the default GPU run (7 shapes x 4 providers) to a few minutes.
+# 25/100 ms keeps the default GPU run (8 shapes x 4 providers) to a few minutes.
 DO_BENCH_MS = {False: (25, 100), True: (5, 25)}
 CPU_RUNS = {False: 5, True: 3}
-DEFAULT_TIMEOUT_S = 300.0
 
 # The worker's stdout protocol; any other line there is a library's noise.
 START_MARK = "@@maxsim-bench start "  # + shape name, before the shape is attempted
@@ -90,7 +93,7 @@ _ERROR_LINE = re.compile(r"(error|exception)\s*:", re.IGNORECASE)
 
 CSV_FIELDS = [
     "shape", "provider", "status", "ms", "floor_ms", "pct_floor", "peak_mb", "rel_err", "speedup",
-    "nq", "nd", "lq", "ld", "d", "dtype", "masked", "note",
+    "nq", "nd", "lq", "ld", "d", "dtype", "masked", "candidates", "ragged", "note",
 ]  # fmt: skip
 TRAIN_CSV_FIELDS = [
     "shape", "provider", "status", "ms", "wall_ms", "floor_ms", "pct_floor", "peak_mb", "rel_err", "grad_q_err",
@@ -103,14 +106,15 @@ GRAD_FIELDS = ("grad_q_err", "grad_d_err")
 
 
 def _record(shape: Shape, provider: str, status: str, note: str = "", mode: str = "forward", **values) -> dict:
-    """One result row. status: ok | OOM | crashed | error | n/a."""
+    """One result row. status: ok | OOM | crashed | error. The floor columns are filled in by the
+    parent (:func:`add_floors`), which knows the GPU's roofline."""
     row = {
         "shape": shape.name,
         "provider": provider,
         "status": status,
         "note": note,
         "ms": None,
-        "floor_ms": floor_seconds(shape, mode) * 1e3,
+        "floor_ms": None,
         "pct_floor": None,
         "peak_mb": None,
         "rel_err": None,
@@ -219,7 +223,7 @@ def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bo
     del out
     peak = _peak_mb(fn, device)
     ms = _time_ms(fn, device, quick, flush)
-    return {"ms": ms, "pct_floor": 100 * floor_seconds(shape) * 1e3 / ms, "peak_mb": peak, "rel_err": err}
+    return {"ms": ms, "peak_mb": peak, "rel_err": err}
 
 
 def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, quick: bool,
@@ -245,8 +249,7 @@ def _measure_train(shape: Shape, provider: Provider, device: str, seed: int, qui
     Q.grad = D.grad = None  # not part of "before": the step allocates its own
     peak = _peak_mb(step, device)
     ms = _time_ms(step, device, quick, flush)
-    values.update(ms=ms, wall_ms=_wall_ms(step, device, ms), pct_floor=100 * floor_seconds(shape, "train") * 1e3 / ms,
-                  peak_mb=peak)
+    values.update(ms=ms, wall_ms=_wall_ms(step, device, ms), peak_mb=peak)
     return values
 
 
@@ -411,10 +414,7 @@ def run_all(shapes, providers, device, opts, isolate: bool, log_path: Path) -> l
         print(f"[{len(rows)}/{total}] {row['shape']} {row['provider']}: {shown}", file=sys.stderr, flush=True)
 
     for provider in providers:
-        if not provider.available(device):
-            for shape in shapes:
-                report(_record(shape, provider.name, "n/a", note=f"not available on {device}", mode=opts.mode))
-        elif isolate:
+        if isolate:
             run_isolated(shapes, provider, device, opts, log_path, report)
         else:
             for shape in shapes:
@@ -450,88 +450,115 @@ def median_rows(rounds: list[list[dict]]) -> list[dict]:
 # --- report -------------------------------------------------------------------------------------
 
 
+def add_floors(rows: list[dict], shapes: list[Shape], roofline: Roofline | None, mode: str) -> None:
+    """floor_ms and pct_floor (floor / measured time, 100 = at the floor) of every ok row, from
+    ``roofline``; both stay None without one (a CPU, or a GPU with no measured roofline)."""
+    if roofline is None:
+        return
+    floors = {s.name: floor_seconds(s, mode, roofline) * 1e3 for s in shapes}
+    for r in rows:
+        r["floor_ms"] = floors[r["shape"]]
+        if r["status"] == "ok":
+            r["pct_floor"] = 100 * r["floor_ms"] / r["ms"]
+
+
 def add_speedups(rows: list[dict]) -> None:
-    """speedup = the provider's ms / maxsim's ms on the same shape (how many times faster maxsim
-    is); on the maxsim rows (maxsim and its variants, e.g. maxsim-lowmem), the fastest other
-    provider's ms / the row's own ms."""
+    """speedup = the row's ms / maxsim's ms on the same shape: how many times faster maxsim is
+    than this row (below 1: the row is faster). None on maxsim's own row, and where either did
+    not run. For maxsim's variants (maxsim-lowmem, maxsim-padded) it says what ``maxsim`` gains
+    over them."""
     for shape in {r["shape"] for r in rows}:
         same = [r for r in rows if r["shape"] == shape]
-        ms = {r["provider"]: r["ms"] for r in same if r["status"] == "ok"}
-        mine = ms.get("maxsim")
-        peers = [t for p, t in ms.items() if not is_maxsim(p)]
+        mine = next((r["ms"] for r in same if r["provider"] == "maxsim" and r["status"] == "ok"), None)
         for r in same:
-            own = ms.get(r["provider"])
-            if own is None:
-                r["speedup"] = None
-            elif is_maxsim(r["provider"]):
-                r["speedup"] = min(peers) / own if peers else None
-            else:
-                r["speedup"] = own / mine if mine is not None else None
+            ok = r["status"] == "ok" and mine is not None and r["provider"] != "maxsim"
+            r["speedup"] = r["ms"] / mine if ok else None
 
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _fmt_pct(value) -> str:
-    # One decimal on the GPU; two significant digits for the tiny CPU percentages.
-    return "-" if value is None else f"{value:.1f}" if value >= 0.1 else f"{value:.2g}"
+DIM_COLUMNS = ["Nq x Nd", "Lq", "Ld", "d", "dtype", "masks"]
+# Columns left out when no row has a value (peak MB and wall ms are CUDA-only, % floor needs a
+# measured roofline).
+OPTIONAL_COLUMNS = {"wall ms", "% floor", "peak MB", "note"}
+
+
+def _shape_of(row: dict) -> Shape:
+    return Shape(name=row["shape"], **{k: row[k] for k in Shape.__dataclass_fields__ if k != "name"})
 
 
 def format_table(rows: list[dict], mode: str = "forward") -> str:
-    """Fixed-width text table, one line per row (train mode: with the gradients' errors)."""
-    head = ["shape", "provider", "ms", "% floor", "peak MB", "rel err", "maxsim x", "note"]
+    """Fixed-width text table, one line per row: the shape's dimensions, then the measurements
+    (train mode: with the gradients' errors). Columns no row has a value for are left out."""
+    columns = [  # (header, value of a row)
+        ("shape", lambda r: r["shape"]),
+        *((c, lambda r, c=c: _shape_of(r).dims()[c]) for c in DIM_COLUMNS),
+        ("provider", lambda r: r["provider"]),
+        ("ms", lambda r: _fmt(r["ms"], ".3f") if r["status"] == "ok" else r["status"]),
+    ]
     if mode == "train":
-        head[6:6] = ["gQ err", "gD err"]
-        head[3:3] = ["wall ms"]
-    cells = []
-    for r in rows:
-        ok = r["status"] == "ok"
-        grads = [_fmt(r.get(k), ".1e") for k in GRAD_FIELDS] if mode == "train" else []
-        cells.append([
-            r["shape"],
-            r["provider"],
-            _fmt(r["ms"], ".3f") if ok else r["status"],
-            *([_fmt(r.get("wall_ms"), ".3f")] if mode == "train" else []),
-            _fmt_pct(r["pct_floor"]),
-            _fmt(r["peak_mb"], ".1f"),
-            _fmt(r["rel_err"], ".1e"),
-            *grads,
-            "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
-            r["note"],
-        ])  # fmt: skip
-    widths = [max(len(row[i]) for row in cells + [head]) for i in range(len(head))]
-    left = {0, 1, len(head) - 1}  # text columns; numbers are right-aligned
+        columns.append(("wall ms", lambda r: _fmt(r.get("wall_ms"), ".3f")))
+    columns += [
+        ("% floor", lambda r: _fmt(r["pct_floor"], ".1f")),
+        ("peak MB", lambda r: _fmt(r["peak_mb"], ".1f")),
+        ("rel err", lambda r: _fmt(r["rel_err"], ".1e")),
+    ]
+    if mode == "train":
+        columns += [("gQ err", lambda r: _fmt(r.get("grad_q_err"), ".1e")),
+                    ("gD err", lambda r: _fmt(r.get("grad_d_err"), ".1e"))]
+    columns += [("maxsim x", lambda r: "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"),
+                ("note", lambda r: r["note"])]
+    table = [(head, [value(r) for r in rows]) for head, value in columns]
+    table = [(h, cells) for h, cells in table if h not in OPTIONAL_COLUMNS or any(c not in ("-", "") for c in cells)]
+    text = {"shape", "masks", "provider", "note"}  # left-aligned; numbers are right-aligned
+    widths = [max([len(h)] + [len(c) for c in cells]) for h, cells in table]
 
-    def line(row):
-        parts = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+    def line_of(values):
+        parts = [v.ljust(w) if h in text else v.rjust(w) for (h, _), v, w in zip(table, values, widths)]
         return "  ".join(parts).rstrip()
 
-    out = [line(head), line(["-" * w for w in widths])] + [line(c) for c in cells]
-    return "\n".join(out)
+    lines = [line_of([h for h, _ in table]), line_of(["-" * w for w in widths])]
+    lines += [line_of([cells[i] for _, cells in table]) for i in range(len(rows))]
+    return "\n".join(lines)
 
 
-TABLE_NOTES = (
-    f"% floor: H200 roofline floor max(bytes / {HBM_BYTES_PER_S / 1e12:g} TB/s, "
-    f"flops / {DENSE_FLOPS_PER_S / 1e12:g} TFLOP/s) over measured time (100 = at the floor). "
-    "maxsim x: provider ms / maxsim ms (maxsim row: fastest other provider). "
-    "rel err: max|out - ref| / max|ref| vs maxsim_reference (naive: mask_mode='multiply', PyLate's rule)."
-)
-TRAIN_TABLE_NOTES = (
-    "One step: grads set to None, scores, loss = cross_entropy(scores, arange(Nq)) in-batch or "
-    "(scores, zeros(Nq)) for candidate lists, backward into Q and D. "
-    f"% floor: H200 floor of a step = max(fwd bytes / {HBM_BYTES_PER_S / 1e12:g} TB/s, "
-    f"fwd flops / {DENSE_FLOPS_PER_S / 1e12:g} TFLOP/s) + bwd bytes / {HBM_BYTES_PER_S / 1e12:g} TB/s, "
-    "fwd flops = 2 Nq Nd Lq Ld d, fwd bytes = Q + D + masks + fp32 scores, bwd bytes = 2 (Q + D) "
-    "(read Q and D, write grad_Q and grad_D in the input dtype): the backward of a max is a gather, "
-    "no second matmul; 100 = at the floor. "
-    "wall ms: steps enqueued back to back, one sync at the end (a training loop's time per step; "
-    "the host's where it is slower than the GPU). "
-    "peak MB: max allocated during a step minus allocated before it (inputs), gradients included. "
-    "maxsim x: provider ms / maxsim ms (maxsim rows: fastest other provider's ms / the row's). "
-    "rel err: scores, max|out - ref| / max|ref|; gQ err, gD err: ||grad - ref|| / ||ref||; ref = "
-    "autograd of maxsim_reference in fp32 on the same inputs (naive: mask_mode='multiply')."
-)
+def table_notes(mode: str, roofline: Roofline | None, device: str) -> str:
+    """What the columns mean, printed under the table."""
+    notes = []
+    if mode == "train":
+        notes.append(
+            "One step: grads set to None, scores, loss = cross_entropy(scores, arange(Nq)) in-batch or "
+            "(scores, zeros(Nq)) for candidate lists ('per q'), backward into Q and D.")
+    if mode == "varlen":
+        kinds = "; ".join(f"{k}: {v}" for k, v in RAGGED_KINDS.items())
+        notes.append(
+            f"Ragged documents, lengths in [1, Ld] ({kinds}); fill = mean length / Ld. maxsim scores the packed "
+            "tokens (maxsim_varlen), maxsim-padded and naive the padded batch with a document mask; packing "
+            "pays where maxsim-padded's 'maxsim x' is near 1 / fill.")
+    if roofline is not None:
+        bw, fl = roofline.bytes_per_s / 1e12, roofline.flops_per_s / 1e12
+        floor = f"max(bytes / {bw:g} TB/s, flops / {fl:g} TFLOP/s)"
+        if mode == "train":
+            floor += f" + backward bytes / {bw:g} TB/s (backward bytes = read Q and D, write their gradients)"
+        notes.append(
+            f"% floor: the {roofline.gpu} roofline floor {floor}, over the measured time (100 = at the floor); "
+            "flops = 2 Nq Nd Lq Ld d, bytes = Q + D + masks + fp32 scores.")
+    if device == "cuda":
+        notes.append("ms: median of calls each after an L2 flush (cold L2).")
+        notes.append("peak MB: max allocated during a call minus allocated before it (inputs).")
+    else:
+        notes.append("ms: median wall time of a few calls. On the CPU maxsim runs maxsim.reference, plain "
+                     "PyTorch (hence its rel err of 0); the Triton kernels need a CUDA GPU.")
+    if mode == "train" and device == "cuda":
+        notes.append("wall ms: steps enqueued back to back, one sync at the end (a training loop's time per step).")
+    notes.append("maxsim x: this row's ms / maxsim's ms on the same shape (how many times faster maxsim is; "
+                 "below 1: this row is faster).")
+    ref = "maxsim_reference" if mode != "train" else "the autograd of maxsim_reference in fp32"
+    notes.append(f"rel err: max|out - ref| / max|ref| against {ref} (naive: mask_mode='multiply', PyLate's rule)"
+                 + ("; gQ err, gD err: ||grad - ref|| / ||ref||." if mode == "train" else "."))
+    return "\n".join("  " + n for n in notes)
 
 
 def _version(dist: str) -> str:
@@ -547,8 +574,8 @@ def _version(dist: str) -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def environment(device: str, mode: str = "forward") -> dict:
-    """What the numbers were measured on."""
+def environment(device: str, providers: list[Provider]) -> dict:
+    """What the numbers were measured on: the device, torch, triton and each provider's version."""
     if device == "cuda":
         where = torch.cuda.get_device_name(0)
     else:
@@ -560,7 +587,7 @@ def environment(device: str, mode: str = "forward") -> dict:
     except ImportError:
         triton_version = "not installed"
     env = {"device": where, "torch": torch.__version__, "triton": triton_version}
-    for p in REGISTRIES[mode][0].values():
+    for p in providers:
         if p.dist:
             env[p.dist] = _version(p.dist)
     env["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -569,6 +596,30 @@ def environment(device: str, mode: str = "forward") -> dict:
 
 def header_line(env: dict) -> str:
     return " | ".join([env["device"]] + [f"{k} {v}" for k, v in env.items() if k not in ("device", "date")] + [env["date"]])
+
+
+def skipped_line(not_installed: list[Provider], need_cuda: list[Provider]) -> str | None:
+    """One line naming the providers that were left out, and why (None when none was)."""
+    parts = []
+    if not_installed:
+        parts.append("not installed: " + ", ".join(p.name for p in not_installed))
+    if need_cuda:
+        parts.append("need a CUDA GPU: " + ", ".join(p.name for p in need_cuda))
+    return "skipped, " + "; ".join(parts) if parts else None
+
+
+def floor_line(roofline: Roofline | None, device: str, device_name: str) -> str | None:
+    if roofline is not None:
+        return None
+    if device == "cuda":
+        return f"% floor: left out, no measured roofline for {device_name} (known: {roofline_names()})"
+    return "% floor: left out on the CPU (the floor is a measured GPU roofline)"
+
+
+def roofline_names() -> str:
+    from maxsim.bench.shapes import ROOFLINES
+
+    return ", ".join(r.gpu for r in ROOFLINES)
 
 
 def write_csv(rows: list[dict], path: Path, mode: str = "forward") -> None:
@@ -592,8 +643,9 @@ PLOT_SHAPES_PER_PANEL = 18
 
 
 def write_png(rows: list[dict], path: Path, title: str) -> bool:
-    """Grouped bars of % of floor, one group per shape, one bar per provider, at most
-    ``PLOT_SHAPES_PER_PANEL`` shapes per panel. False without matplotlib."""
+    """Grouped bars, one group per shape, one bar per provider, at most ``PLOT_SHAPES_PER_PANEL``
+    shapes per panel: % of floor where the rows have one, else ms on a log scale. False without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -601,6 +653,8 @@ def write_png(rows: list[dict], path: Path, title: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    with_floor = any(r["pct_floor"] is not None for r in rows)
+    key = "pct_floor" if with_floor else "ms"
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     cell = {(r["shape"], r["provider"]): r for r in rows}
@@ -612,7 +666,7 @@ def write_png(rows: list[dict], path: Path, title: str) -> bool:
     for ax, panel in zip(axes[:, 0], panels):
         for i, p in enumerate(providers):
             xs = [j - 0.4 + width * (i + 0.5) for j in range(len(panel))]
-            heights = [(cell[(s, p)]["pct_floor"] or 0.0) if (s, p) in cell else 0.0 for s in panel]
+            heights = [(cell[(s, p)][key] or 0.0) if (s, p) in cell else 0.0 for s in panel]
             ax.bar(xs, heights, width, label=p, color=f"C{i}")
             for x, s in zip(xs, panel):  # say why a bar is missing
                 status = cell[(s, p)]["status"] if (s, p) in cell else "not run"
@@ -621,7 +675,9 @@ def write_png(rows: list[dict], path: Path, title: str) -> bool:
         ax.set_xticks(range(len(panel)))
         ax.set_xticklabels(panel, rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, per_panel - 0.4)
-        ax.set_ylabel("% of H200 floor (higher is better)", fontsize=8)
+        if not with_floor:
+            ax.set_yscale("log")
+        ax.set_ylabel("% of floor (higher is better)" if with_floor else "ms (lower is better)", fontsize=8)
     axes[0, 0].set_title(title, fontsize=8)
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
@@ -651,87 +707,17 @@ def maxsim_failures(rows: list[dict]) -> list[str]:
 # --- command line -------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="maxsim bench", description="MaxSim benchmark against peers: the forward, or a training step."
-    )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default="forward",
-        help="forward: one scoring call; train: one training step, forward + cross-entropy + "
-        "backward, with gradient checks (default: %(default)s)",
-    )
-    p.add_argument("--shapes", help="comma-separated shape names (default: the mode's set for the device)")
-    p.add_argument(
-        "--providers",
-        help="comma-separated providers (default: "
-        + "; ".join(f"{m}: {','.join(d)}" for m, (_, d) in REGISTRIES.items())
-        + "; known: "
-        + "; ".join(f"{m}: {', '.join(r)}" for m, (r, _) in REGISTRIES.items())
-        + ")",
-    )
-    p.add_argument("--quick", action="store_true", help="fewer timing repetitions")
-    p.add_argument(
-        "--flush",
-        choices=["read", "zero"],
-        default="read",
-        help="how the L2 is emptied before each timed call on CUDA: read 256 MB (clean lines), or "
-        "triton's do_bench way, zero 256 MB (dirty lines the call must write back) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--repeat",
-        type=_positive_int,
-        default=1,
-        help="rounds over every (shape, provider); each cell reports its median round, the note "
-        "lists them all (for host-bound shapes, whose time drifts run to run) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--pin-cpu",
-        type=int,
-        metavar="CPU",
-        help="run the benchmark and its workers on this one CPU core (as taskset -c CPU does): "
-        "host-bound steps, e.g. a small training step, then time the same run to run; unpinned, "
-        "a worker's host speed can drift by half (BENCHMARKS.md) (default: not pinned)",
-    )
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    p.add_argument("--out", type=Path, help="directory for the CSV, PNG and logs")
-    p.add_argument("--csv", type=Path, help="CSV path (default: OUT/<mode>-<date>.csv)")
-    p.add_argument("--png", type=Path, help="bar chart path (default: OUT/<mode>-<date>.png)")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
-    p.add_argument(
-        "--isolate",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="one worker subprocess per provider, surviving crashes (auto: on for cuda)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds a worker may take on one shape before it is killed (default: %(default)s)",
-    )
+    """The runner's own parser: the bench options plus the hidden ``--worker``."""
+    p = argparse.ArgumentParser(prog="python -m maxsim bench", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run as a worker on this JSON spec
     return p
 
 
-def _default_out_dir() -> Path:
-    """benchmarks/results of the checkout this file lives in, else the working directory."""
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "pyproject.toml").is_file() and (repo / "benchmarks").is_dir():
-        return repo / "benchmarks" / "results"
-    return Path.cwd()
-
-
 def _output_paths(opts) -> dict:
-    out = opts.out or _default_out_dir()
+    out = opts.out
     stem = f"{opts.mode}-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     paths = {
         "csv": opts.csv or out / f"{stem}.csv",
@@ -748,12 +734,57 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def list_shapes_and_providers() -> str:
+    """Every mode's shapes (GPU set, then CPU set) with their dimensions, and its providers."""
+    from maxsim.bench.shapes import NAMED_SETS, SHAPE_SETS
+
+    lines = []
+    for mode, (gpu, cpu) in SHAPE_SETS.items():
+        registry, names = REGISTRIES[mode]
+        lines.append(f"--mode {mode}")
+        def label(p: Provider) -> str:
+            needs = [w for w, missing in (("needs CUDA", p.needs_cuda), ("not installed", not p.installed())) if missing]
+            return p.name + (f" ({', '.join(needs)})" if needs else "")
+
+        lines.append("  providers: " + ", ".join(label(registry[n]) for n in names))
+        for title, shapes in (("GPU shapes", gpu), ("CPU shapes", cpu)):
+            lines.append(f"  {title}:")
+            for s in shapes:
+                dims = s.dims()
+                docs = f"{s.nq} queries x {s.nd} " + ("candidates each" if s.candidates else "documents")
+                mask = "" if dims["masks"] == "-" else f", masks {dims['masks']}"
+                lines.append(f"    {s.name:24s} {docs}, Lq {dims['Lq']}, Ld {dims['Ld']}, d {dims['d']}, "
+                             f"{dims['dtype']}{mask}")
+    for name, shapes in NAMED_SETS.items():
+        lines.append(f"set '{name}': {len(shapes)} forward shapes (Nq x Lq x Ld x d grid)")
+    return "\n".join(lines)
+
+
 def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None) -> int:
-    """Entry point of ``python -m maxsim bench``. ``shapes`` overrides ``--shapes`` (for tests)."""
+    """The benchmark on command-line options ``argv``; ``shapes`` overrides ``--shapes`` (tests)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = build_parser().parse_args(argv)
     if opts.worker:
         return worker_main(opts.worker)
+    return run_options(opts, argv, shapes=shapes)
+
+
+def run_options(opts, argv: list[str] | None = None, *, shapes: list[Shape] | None = None) -> int:
+    """Entry point of ``python -m maxsim bench`` once its options are parsed; ``argv`` is recorded
+    in the JSONL file. Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if opts.list:
+        print(list_shapes_and_providers())
+        return 0
+    if opts.forward_tile:
+        from maxsim.selection.dense import parse_tile
+
+        try:
+            parse_tile(opts.forward_tile)
+        except ValueError as exc:
+            print(f"maxsim bench: --forward-tile: {exc}", file=sys.stderr)
+            return 2
+        os.environ["MAXSIM_FORWARD_TILE"] = opts.forward_tile  # read by the workers at import
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         print("maxsim bench: --device cuda but CUDA is not available", file=sys.stderr)
@@ -763,6 +794,10 @@ def run_cli(argv: list[str] | None = None, *, shapes: list[Shape] | None = None)
             shapes = shapes_by_name(_names(opts.shapes)) if opts.shapes else default_shapes(device, opts.mode)
         names = _names(opts.providers) if opts.providers else REGISTRIES[opts.mode][1]
         providers = get_providers(names, opts.mode)
+        if opts.mode == "train":
+            for shape in shapes:
+                if shape.ragged:
+                    raise ValueError(f"shape {shape.name} is ragged: use --mode varlen")
     except ValueError as exc:
         print(f"maxsim bench: {exc}", file=sys.stderr)
         return 2
@@ -791,9 +826,13 @@ def _cpu_list(cpus: set[int]) -> str:
 
 def _run(opts, argv, device, shapes, providers) -> int:
     """Measure, print the table, write the files; the exit status of :func:`run_cli`."""
+    not_installed = [p for p in providers if not p.installed()]
+    need_cuda = [p for p in providers if p.installed() and not p.runs_on(device)]
+    runnable = [p for p in providers if p not in not_installed and p not in need_cuda]
     paths = _output_paths(opts)
     isolate = opts.isolate == "on" or (opts.isolate == "auto" and device == "cuda")
-    env = environment(device, opts.mode)
+    env = environment(device, runnable)
+    roofline = roofline_for(env["device"]) if device == "cuda" else None
     if device == "cuda":
         env["L2 flush"] = opts.flush
     if opts.pin_cpu is not None:
@@ -803,12 +842,16 @@ def _run(opts, argv, device, shapes, providers) -> int:
     for i in range(opts.repeat):
         if opts.repeat > 1:
             print(f"round {i + 1} of {opts.repeat}", file=sys.stderr, flush=True)
-        rounds.append(run_all(shapes, providers, device, opts, isolate, paths["workers"]))
+        rounds.append(run_all(shapes, runnable, device, opts, isolate, paths["workers"]))
     rows = median_rows(rounds)
+    add_floors(rows, shapes, roofline, opts.mode)
     add_speedups(rows)
-    print(header_line(env))
+    print(f"maxsim bench --mode {opts.mode} on " + header_line(env))
+    for extra in (skipped_line(not_installed, need_cuda), floor_line(roofline, device, env["device"])):
+        if extra:
+            print(extra)
     print(format_table(rows, opts.mode))
-    print(TRAIN_TABLE_NOTES if opts.mode == "train" else TABLE_NOTES)
+    print(table_notes(opts.mode, roofline, device))
     write_csv(rows, paths["csv"], opts.mode)
     write_jsonl(rows, env, argv, paths["jsonl"])
     written = [paths["csv"], paths["jsonl"]]
@@ -816,7 +859,8 @@ def _run(opts, argv, device, shapes, providers) -> int:
         written.append(paths["png"])
     if isolate:
         written.append(paths["workers"])
-    print("wrote " + ", ".join(str(p) for p in written))
+    print(f"wrote {len(written)} files to {opts.out.resolve()}: " + ", ".join(
+        p.name if p.parent.resolve() == opts.out.resolve() else str(p) for p in written))
 
     failures = list(dict.fromkeys(maxsim_failures([r for rnd in rounds for r in rnd])))  # every round counts
     for f in failures:

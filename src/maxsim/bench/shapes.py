@@ -2,9 +2,12 @@
 
 A shape is one MaxSim problem: Q ``[nq, lq, d]`` against D ``[nd, ld, d]`` -> scores ``[nq, nd]``
 (cross product), or with ``candidates`` against per-query lists D ``[nq, nd, ld, d]`` -> scores
-``[nq, nd]`` (``nd`` = candidates per query). Each mode (``forward``, ``train``) has a GPU set, the
-benchmark proper, and a ``_cpu`` set with the same names and layouts, scaled down so that a CPU
-run of every provider finishes in well under a minute.
+``[nq, nd]`` (``nd`` = candidates per query), or with ``ragged`` against ``nd`` documents of at
+most ``ld`` tokens whose lengths follow a named distribution (the ``varlen`` mode; the harness
+packs them for the packed providers). Each mode has a GPU set, the benchmark proper, and a CPU set
+with the same layouts, scaled down so that a CPU run finishes in well under a minute. Every name
+says its dimensions: ``1q_x_500`` is 1 query x 500 documents, ``1x32_128x1024`` is 1 x 32
+documents, Lq 128 x Ld 1024.
 """
 
 from __future__ import annotations
@@ -16,20 +19,48 @@ import math
 
 import torch
 
-# H200 numbers measured on the machine the benchmark targets (not datasheet peaks):
-HBM_BYTES_PER_S = 4.3e12  # device-to-device copy bandwidth
-DENSE_FLOPS_PER_S = 790e12  # dense bf16 matmul throughput
+
+@dataclass(frozen=True)
+class Roofline:
+    """A GPU's measured limits (not datasheet peaks), for the ``% floor`` column."""
+
+    gpu: str  # matched against torch.cuda.get_device_name()
+    bytes_per_s: float  # device-to-device copy bandwidth
+    flops_per_s: float  # dense fp16/bf16 matmul throughput
+
+
+# Measured on the H200 the benchmark targets (BENCHMARKS.md, "Method"). A GPU not listed here
+# has no floor: the table leaves the column out rather than divide by another GPU's limits.
+H200 = Roofline("H200", bytes_per_s=4.3e12, flops_per_s=790e12)
+ROOFLINES = (H200,)
+HBM_BYTES_PER_S = H200.bytes_per_s
+DENSE_FLOPS_PER_S = H200.flops_per_s
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MASK_BYTES_PER_TOKEN = 1  # bool masks
 SCORE_BYTES = 4  # fp32 output
 
 
+def roofline_for(device_name: str) -> Roofline | None:
+    """The measured roofline of the GPU called ``device_name``, None when it has none (any CPU)."""
+    return next((r for r in ROOFLINES if r.gpu.lower() in device_name.lower()), None)
+
+
+# Document-length distributions of the varlen mode (lengths in [1, ld]): name -> what they model.
+RAGGED_KINDS = {
+    "uniform": "uniform in [ld/2, ld]",
+    "hotpotqa": "exponential, mean ld * 150/512 (HotpotQA-like passages)",
+    "ragged": "exponential, mean ld * 80/512",
+}
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark problem. ``dtype`` is ``"fp16"``, ``"bf16"`` or ``"fp32"`` (a torch dtype is
     accepted and converted). ``masked`` adds random prefix masks to both sides. ``candidates``:
-    D holds ``nd`` candidates per query, ``[nq, nd, ld, d]``, instead of ``nd`` shared documents."""
+    D holds ``nd`` candidates per query, ``[nq, nd, ld, d]``, instead of ``nd`` shared documents.
+    ``ragged``: a key of :data:`RAGGED_KINDS`; the documents' lengths follow that distribution
+    (a document mask), the queries are full."""
 
     name: str
     nq: int
@@ -40,6 +71,7 @@ class Shape:
     dtype: str = "fp16"
     masked: bool = False
     candidates: bool = False
+    ragged: str = ""
 
     def __post_init__(self):
         if isinstance(self.dtype, torch.dtype):
@@ -47,6 +79,10 @@ class Shape:
             object.__setattr__(self, "dtype", names[self.dtype])
         if self.dtype not in DTYPES:
             raise ValueError(f"Shape {self.name}: dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}")
+        if self.ragged and self.ragged not in RAGGED_KINDS:
+            raise ValueError(f"Shape {self.name}: ragged must be one of {sorted(RAGGED_KINDS)}; got {self.ragged!r}")
+        if self.ragged and (self.masked or self.candidates):
+            raise ValueError(f"Shape {self.name}: ragged documents take no masked= or candidates=")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -60,6 +96,16 @@ class Shape:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def dims(self) -> dict[str, str]:
+        """The table's dimension columns: ``Nq x Nd``, ``Lq``, ``Ld``, ``d``, ``dtype``, ``masks``."""
+        docs = f"{self.nq} x {self.nd}" + (" per q" if self.candidates else "")
+        if self.ragged:
+            masks = f"{self.ragged}, fill {doc_fill(self):.2f}"
+        else:
+            masks = "prefix" if self.masked else "-"
+        ld = f"<={self.ld}" if self.ragged else str(self.ld)
+        return {"Nq x Nd": docs, "Lq": str(self.lq), "Ld": ld, "d": str(self.d), "dtype": self.dtype, "masks": masks}
+
 
 GPU_SHAPES = [
     Shape("1q_x_100k", 1, 100_000, 32, 300),
@@ -72,16 +118,17 @@ GPU_SHAPES = [
     Shape("d768_32x10k", 32, 10_000, 32, 128, d=768),
 ]
 
-# Same layouts, about 1 GFLOP each, so a 2-core CPU runs all providers in well under a minute.
+# The same layouts, in the same order, about 1 GFLOP each, so a 2-core CPU runs all providers in
+# well under a minute.
 CPU_SHAPES = [
-    Shape("1q_x_100k_cpu", 1, 500, 32, 300),
-    Shape("32q_x_100k_cpu", 4, 500, 32, 128),
-    Shape("colpali_1x1k_cpu", 1, 4, 1024, 1024),
-    Shape("1x1k_128x1024_cpu", 1, 32, 128, 1024),
-    Shape("inbatch_128x128_cpu", 8, 8, 128, 512, dtype="bf16"),
-    Shape("masked_64x64_cpu", 16, 16, 32, 180, dtype="bf16", masked=True),
-    Shape("1x1k_32x300_cpu", 1, 100, 32, 300),
-    Shape("d768_32x10k_cpu", 2, 100, 32, 128, d=768),
+    Shape("1q_x_500", 1, 500, 32, 300),
+    Shape("4q_x_500", 4, 500, 32, 128),
+    Shape("colpali_1x4", 1, 4, 1024, 1024),
+    Shape("1x32_128x1024", 1, 32, 128, 1024),
+    Shape("inbatch_8x8", 8, 8, 128, 512, dtype="bf16"),
+    Shape("masked_16x16", 16, 16, 32, 180, dtype="bf16", masked=True),
+    Shape("1x100_32x300", 1, 100, 32, 300),
+    Shape("d768_2x100", 2, 100, 32, 128, d=768),
 ]
 
 
@@ -95,19 +142,22 @@ TRAIN_GPU_SHAPES = [
     Shape("train_colpali_b128", 128, 128, 1024, 1024, dtype="bf16"),
 ]
 
-# Same layouts, a fraction of a GFLOP each: the CPU train run of maxsim (three rows) and naive
-# takes a few seconds.
+# The same layouts, a fraction of a GFLOP each: the CPU train run takes a few seconds.
 TRAIN_CPU_SHAPES = [
-    Shape("train_inbatch_128x128_cpu", 8, 8, 64, 256, dtype="bf16"),
-    Shape("train_inbatch_256x256_cpu", 16, 16, 32, 180, dtype="bf16"),
-    Shape("train_candidates_32x32_cpu", 8, 8, 32, 300, dtype="bf16", candidates=True),
-    Shape("train_colpali_b128_cpu", 4, 4, 256, 512, dtype="bf16"),
+    Shape("train_inbatch_8x8", 8, 8, 64, 256, dtype="bf16"),
+    Shape("train_inbatch_16x16", 16, 16, 32, 180, dtype="bf16"),
+    Shape("train_candidates_8x8", 8, 8, 32, 300, dtype="bf16", candidates=True),
+    Shape("train_b4_256x512", 4, 4, 256, 512, dtype="bf16"),
 ]
 
+# Ragged batches: 32 queries of 32 tokens against documents of at most 512 tokens, three length
+# distributions (fill = mean length / 512: about 0.75, 0.3 and 0.16).
+VARLEN_GPU_SHAPES = [Shape(f"varlen_{kind}_32x20k", 32, 20_000, 32, 512, ragged=kind) for kind in RAGGED_KINDS]
+VARLEN_CPU_SHAPES = [Shape(f"varlen_{kind}_4x64", 4, 64, 32, 512, ragged=kind) for kind in RAGGED_KINDS]
 
 
 def _sweep(target_s: float, max_nd: int, nqs, lqs, lds, ds) -> list[Shape]:
-    """Every combination, with Nd set so that each shape's floor is about ``target_s``."""
+    """Every combination, with Nd set so that each shape's H200 floor is about ``target_s``."""
     shapes = []
     for nq, lq, ld, d in itertools.product(nqs, lqs, lds, ds):
         per_doc = max(ld * d * 2 / HBM_BYTES_PER_S, 2 * nq * lq * ld * d / DENSE_FLOPS_PER_S)
@@ -118,12 +168,13 @@ def _sweep(target_s: float, max_nd: int, nqs, lqs, lds, ds) -> list[Shape]:
 
 # Issue 3's sweep: Lq x Ld x Nq x d, fp16, each shape sized to about 1 ms of floor on the H200.
 SWEEP_GPU_SHAPES = _sweep(1e-3, 200_000, (1, 8, 32, 128), (32, 128, 1024), (128, 300, 1024), (64, 128, 768))
-SWEEP_CPU_SHAPES = [Shape(s.name + "_cpu", s.nq, 4, s.lq, s.ld, d=s.d)
+SWEEP_CPU_SHAPES = [Shape(s.name + "_nd4", s.nq, 4, s.lq, s.ld, d=s.d)
                     for s in _sweep(1e-3, 16, (1, 8), (32, 128), (128, 300), (64, 128))]
 
 SHAPE_SETS = {
     "forward": (GPU_SHAPES, CPU_SHAPES),
     "train": (TRAIN_GPU_SHAPES, TRAIN_CPU_SHAPES),
+    "varlen": (VARLEN_GPU_SHAPES, VARLEN_CPU_SHAPES),
 }
 # Shape-set names ``--shapes`` accepts besides single shapes (forward mode).
 NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES}
@@ -136,7 +187,7 @@ def default_shapes(device: str, mode: str = "forward") -> list[Shape]:
 
 
 def shapes_by_name(names: list[str]) -> list[Shape]:
-    """Look names up in every set, of every mode (so a quick GPU smoke run can use the ``_cpu``
+    """Look names up in every set, of every mode (so a quick GPU smoke run can use the CPU
     shapes, and the forward mode can time the training shapes)."""
     known = {s.name: s for sets in SHAPE_SETS.values() for shape_set in sets for s in shape_set}
     known.update({s.name: s for shape_set in NAMED_SETS.values() for s in shape_set})
@@ -152,6 +203,22 @@ def prefix_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     return torch.arange(length, device=lengths.device) < lengths[..., None]
 
 
+def ragged_lengths(shape: Shape, seed: int = 0) -> torch.Tensor:
+    """int64 ``[nd]`` document lengths in ``[1, ld]`` drawn from ``shape.ragged``'s distribution,
+    on the CPU from ``seed`` (the same in every process and on every device)."""
+    gen = torch.Generator().manual_seed(seed)
+    if shape.ragged == "uniform":
+        return torch.randint(shape.ld // 2, shape.ld + 1, (shape.nd,), generator=gen)
+    mean = shape.ld * {"hotpotqa": 150, "ragged": 80}[shape.ragged] / 512
+    lengths = torch.empty(shape.nd, dtype=torch.float64).exponential_(1.0 / mean, generator=gen)
+    return lengths.round().clamp(1, shape.ld).long()
+
+
+def doc_fill(shape: Shape) -> float:
+    """Mean document length over ``ld`` (1 for every shape but the ragged ones)."""
+    return float(ragged_lengths(shape).double().mean()) / shape.ld if shape.ragged else 1.0
+
+
 def make_inputs(shape: Shape, device: str, seed: int = 0):
     """Random inputs for ``shape`` on ``device``, identical in every process for one seed.
 
@@ -159,13 +226,17 @@ def make_inputs(shape: Shape, device: str, seed: int = 0):
     with ``candidates``, D is ``[nq, nd, ld, d]`` and d_mask ``[nq, nd, ld]``.
     Values are standard normal in the shape's dtype, drawn on the device itself (no host copy of
     a 7 GB D). Masks are prefixes with lengths uniform in [1, L], the only kind that every
-    provider accepts (flash-maxsim takes lengths, not masks).
+    provider accepts (flash-maxsim takes lengths, not masks); ragged shapes have a document mask
+    from :func:`ragged_lengths` and no query mask.
     """
     gen = torch.Generator(device=device).manual_seed(seed)
     dt = shape.torch_dtype
     Q = torch.randn(shape.nq, shape.lq, shape.d, generator=gen, device=device, dtype=dt)
     docs = (shape.nq, shape.nd) if shape.candidates else (shape.nd,)
     D = torch.randn(*docs, shape.ld, shape.d, generator=gen, device=device, dtype=dt)
+    if shape.ragged:
+        # Random values under the padding too: a provider that ignored the mask would show.
+        return Q, D, None, prefix_mask(ragged_lengths(shape, seed).to(device), shape.ld)
     if not shape.masked:
         return Q, D, None, None
     q_len = torch.randint(1, shape.lq + 1, (shape.nq,), generator=gen, device=device)
@@ -173,10 +244,18 @@ def make_inputs(shape: Shape, device: str, seed: int = 0):
     return Q, D, prefix_mask(q_len, shape.lq), prefix_mask(d_len, shape.ld)
 
 
+def doc_tokens(shape: Shape) -> int:
+    """Document tokens the problem holds: padded ones included, except for ragged shapes, whose
+    work is their real tokens (what a packed kernel reads)."""
+    if shape.ragged:
+        return int(ragged_lengths(shape).sum())
+    return shape.doc_rows * shape.ld
+
+
 def io_bytes(shape: Shape) -> int:
     """Bytes that must cross HBM at least once: Q, D, the masks and the fp32 scores."""
     item = shape.torch_dtype.itemsize
-    tokens = shape.nq * shape.lq + shape.doc_rows * shape.ld
+    tokens = shape.nq * shape.lq + doc_tokens(shape)
     total = tokens * shape.d * item + shape.nq * shape.nd * SCORE_BYTES
     if shape.masked:
         total += tokens * MASK_BYTES_PER_TOKEN
@@ -185,25 +264,27 @@ def io_bytes(shape: Shape) -> int:
 
 def flops(shape: Shape) -> int:
     """Multiply-adds of every (query token, doc token) dot product, counted as 2 FLOPs each."""
-    return 2 * shape.nq * shape.nd * shape.lq * shape.ld * shape.d
+    per_query_docs = doc_tokens(shape) // shape.nq if shape.candidates else doc_tokens(shape)
+    return 2 * shape.nq * per_query_docs * shape.lq * shape.d
 
 
 def grad_bytes(shape: Shape) -> int:
     """Bytes the backward must move at least: read Q and D, write grad_Q and grad_D (input dtype)."""
-    tokens = shape.nq * shape.lq + shape.doc_rows * shape.ld
+    tokens = shape.nq * shape.lq + doc_tokens(shape)
     return 2 * tokens * shape.d * shape.torch_dtype.itemsize
 
 
-def floor_seconds(shape: Shape, mode: str = "forward") -> float:
-    """Roofline lower bound on an H200 of one forward call (memory-bound or compute-bound), or
-    with ``mode="train"`` of one training step: the forward's floor plus the backward's bytes.
+def floor_seconds(shape: Shape, mode: str = "forward", roofline: Roofline = H200) -> float:
+    """Roofline lower bound on ``roofline``'s GPU (default the H200) of one forward call
+    (memory-bound or compute-bound), or with ``mode="train"`` of one training step: the forward's
+    floor plus the backward's bytes.
 
     The backward of a max is a gather (the winner's row, times the score's gradient), not a
     second matmul: its multiply-adds, ``4 nq nd lq d``, are 1/ld of the forward's and left out.
     The backward cannot start before every score is known, so the two floors add up."""
-    forward = max(io_bytes(shape) / HBM_BYTES_PER_S, flops(shape) / DENSE_FLOPS_PER_S)
-    if mode == "forward":
+    forward = max(io_bytes(shape) / roofline.bytes_per_s, flops(shape) / roofline.flops_per_s)
+    if mode in ("forward", "varlen"):
         return forward
     if mode == "train":
-        return forward + grad_bytes(shape) / HBM_BYTES_PER_S
+        return forward + grad_bytes(shape) / roofline.bytes_per_s
     raise ValueError(f"unknown mode {mode!r}")

@@ -3,9 +3,8 @@
 Why not ``triton.testing.do_bench`` as it is. It empties the L2 before each call by *zeroing* a
 256 MB buffer, which leaves the L2 full of dirty lines (about 50 MB on an H200). The timed call must
 then write those back before its own reads fit, so every bandwidth-bound call is charged for the
-flush's writes: at 1 x 1K (32, 300) that is about 50 MB of writes against 77 MB of reads (34.4 µs
-under do_bench's flush, 24.5 µs with a clean cold L2; benchmarks/results/probe-host-flush-20261129-1631.log),
-and no kernel could reach the floor ``bytes read / bandwidth`` that BENCHMARKS.md divides by.
+flush's writes, and no kernel could reach the floor ``bytes read / bandwidth`` that BENCHMARKS.md
+divides by (measured: benchmarks/HISTORY.md, "a cold, clean L2").
 
 Here the flush *reads* 256 MB instead (a sum: one tiny output). That evicts the inputs just as
 well and leaves clean lines, so the call pays for its own traffic and nothing else. The rest is
