@@ -5,6 +5,8 @@
 
 from maxsim import reference
 from maxsim.dense.ops import maxsim
+from maxsim.search import Corpus, topk
+from maxsim.selection import explain
 from maxsim.varlen.ops import maxsim_varlen, score_pairs_packed
 from maxsim.varlen.packing import pack, packed_to_padded, pad, padded_to_packed
 from maxsim.warmup import warmup
@@ -12,6 +14,9 @@ from maxsim.warmup import warmup
 __version__ = "0.1.0"
 __all__ = [
     "maxsim",
+    "explain",
+    "topk",
+    "Corpus",
     "maxsim_varlen",
     "score_pairs_packed",
     "pack",

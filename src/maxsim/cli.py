@@ -1,4 +1,4 @@
-"""Command line: ``python -m maxsim bench | info``."""
+"""The command line, ``python -m maxsim COMMAND``: one argparse subcommand per module."""
 
 from __future__ import annotations
 
@@ -30,22 +30,39 @@ def _info() -> int:
     return 0
 
 
+def add_info_parser(subparsers) -> None:
+    p = subparsers.add_parser("info", help="versions, GPU and the backend each device's tensors run on",
+                              description="Print the versions of maxsim, torch and triton, the GPU, and the backend "
+                              "that CUDA and CPU tensors run on.")
+    p.set_defaults(run=lambda opts: _info())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from maxsim.bench.cli import add_bench_parser
+    from maxsim.search.cli import add_index_parser, add_search_parser
+
+    parser = argparse.ArgumentParser(
+        prog="python -m maxsim",
+        description="maxsim: fused MaxSim (late-interaction) scoring. Run a command with --help for its options.",
+    )
+    subparsers = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    # Each command module adds its own subparser and sets its run(opts) as a default.
+    add_bench_parser(subparsers)
+    add_index_parser(subparsers)
+    add_search_parser(subparsers)
+    add_info_parser(subparsers)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m maxsim", description=__doc__)
-    parser.add_argument("command", choices=["bench", "info"], help="bench: time forward (--mode forward) or training steps (--mode train); info: versions and backends")
-    if not argv or argv[0] in ("-h", "--help"):
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if opts.command is None:
         parser.print_help()
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "bench":
-        from maxsim.bench import run_cli
-
-        return run_cli(rest)
-    if command == "info":
-        return _info()
-    parser.parse_args(argv)  # prints the usage error
-    return 2
+        return 2
+    opts.command_line = argv  # recorded by commands that write result files
+    return opts.run(opts)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,285 @@
+"""``python -m maxsim index`` and ``python -m maxsim search``: corpus files and TREC runs.
+
+Each command adds its subparser (``add_index_parser``, ``add_search_parser``) and sets its run
+function; :mod:`maxsim.cli` registers them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+INDEX_EXAMPLE = """example:
+  python -m maxsim index --out corpus/ docs.npy --lengths doc_lengths.npy --ids doc_ids.txt
+  python -m maxsim index --out corpus/ --append more_docs.pt
+"""
+SEARCH_EXAMPLE = """example:
+  python -m maxsim search --corpus corpus/ --queries queries.pt -k 100 --out run.trec
+  trec_eval qrels.txt run.trec          # or ir_measures
+"""
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _parse_bytes(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30}
+    t = text.strip().lower()
+    number = t.rstrip("kmgib")
+    try:
+        value = float(number) * units[t[len(number):]]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GB, 512MB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be positive: {text!r}")
+    return int(value)
+
+
+def _read_ids(path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def _as_ids(ids):
+    if ids is None:
+        return None
+    if isinstance(ids, torch.Tensor):
+        return ids.cpu().numpy()
+    ids = list(ids)
+    return [str(x) for x in ids] if any(isinstance(x, str) for x in ids) else ids
+
+
+def load_embeddings(path, lengths_path=None):
+    """An embedding file -> ``(packed [T, d] tensor, lengths int64 numpy [N], ids or None)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"maxsim: embedding file {path} does not exist")
+    suffix = path.suffix.lower()
+    lengths = None if lengths_path is None else np.load(lengths_path).astype(np.int64).reshape(-1)
+    ids = None
+    if suffix == ".npy":
+        array = np.load(path, mmap_mode="c")
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        packed, lengths = _from_array(path, tensor, lengths)
+    elif suffix in (".pt", ".pth"):
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(obj, dict):
+            ids = _as_ids(obj.get("ids"))
+            if "lengths" in obj and lengths is None:
+                lengths = np.asarray(torch.as_tensor(obj["lengths"]).cpu(), dtype=np.int64)
+            obj = obj.get("embeddings")
+        if isinstance(obj, (list, tuple)):
+            items = [torch.as_tensor(x) for x in obj]
+            if not items or any(x.dim() != 2 for x in items):
+                raise ValueError(f"maxsim: {path} must hold a non-empty list of [L, d] tensors")
+            packed = torch.cat(items, 0)
+            lengths = np.array([x.shape[0] for x in items], dtype=np.int64)
+        elif isinstance(obj, torch.Tensor):
+            packed, lengths = _from_array(path, obj, lengths)
+        else:
+            raise ValueError(f"maxsim: {path} holds {type(obj).__name__}; expected a list of [L, d] tensors "
+                             "or a dict with 'embeddings'")
+    elif suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ImportError("maxsim: reading .safetensors needs the optional package safetensors "
+                              "(pip install safetensors)") from None
+        tensors = load_file(str(path))
+        if "embeddings" in tensors:
+            if lengths is None and "lengths" not in tensors:
+                raise ValueError(f"maxsim: {path} has 'embeddings' but no 'lengths' (give --lengths)")
+            lengths = lengths if lengths is not None else tensors["lengths"].numpy().astype(np.int64)
+            packed, lengths = _from_array(path, tensors["embeddings"], lengths)
+        else:
+            names = list(tensors)  # the file's order
+            items = [tensors[n] for n in names]
+            if not items or any(x.dim() != 2 for x in items):
+                raise ValueError(f"maxsim: {path} must hold 'embeddings' + 'lengths' or one [L, d] tensor per item")
+            packed = torch.cat(items, 0)
+            lengths = np.array([x.shape[0] for x in items], dtype=np.int64)
+            ids = names
+    else:
+        raise ValueError(f"maxsim: unknown embedding file type {path.suffix!r} ({path}): use .npy, .pt or .safetensors")
+    return packed, lengths, ids
+
+
+def _from_array(path, tensor: torch.Tensor, lengths):
+    if tensor.dim() == 2:
+        if lengths is None:
+            raise ValueError(f"maxsim: {path} is packed [T, d]: give the token count of each item (--lengths)")
+        if int(lengths.sum()) != tensor.shape[0] or (lengths < 0).any():
+            raise ValueError(f"maxsim: the lengths add up to {int(lengths.sum())} tokens but {path} has {tensor.shape[0]}")
+        return tensor, lengths
+    if tensor.dim() == 3:
+        N, L = tensor.shape[:2]
+        if lengths is None:
+            lengths = np.full(N, L, dtype=np.int64)
+        if lengths.size != N or (lengths > L).any() or (lengths < 0).any():
+            raise ValueError(f"maxsim: lengths must be {N} values in 0..{L} for the padded {path}")
+        mask = torch.arange(L)[None, :] < torch.from_numpy(lengths)[:, None]
+        return tensor[mask], lengths
+    raise ValueError(f"maxsim: {path} must be [T, d] or [N, L, d]; got {list(tensor.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# index
+
+
+INDEX_HELP = "Build a corpus file (a directory of .npy files and a manifest) from embeddings on disk, or append to one.\n\n"
+SEARCH_HELP = "Exact top-k of every query against a corpus file; writes a TREC run file or JSON lines.\n\n"
+EMBEDDING_FILES = """embedding files, by suffix:
+  .npy          packed [T, d] with --lengths L.npy (token count per item), or padded [N, L, d]
+                (with --lengths: the first lengths[i] tokens of item i are real)
+  .pt / .pth    a list of [L_i, d] tensors, or a dict with "embeddings" (such a list, or packed
+                [T, d] with "lengths") and optionally "ids" (loaded with weights_only=True)
+  .safetensors  "embeddings" [T, d] + "lengths" [N], or one [L, d] tensor per item named by its id
+                (needs the optional package safetensors)
+ids: --ids FILE (one per line) or those in the file; default 0 .. N - 1.
+"""
+
+
+def add_index_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("index", help="build (or append to) a corpus file from embeddings on disk",
+                              description=INDEX_HELP + EMBEDDING_FILES, epilog=INDEX_EXAMPLE,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", help="embedding files (.npy, .pt, .safetensors), added in order")
+    p.add_argument("--out", required=True, help="corpus directory to write")
+    p.add_argument("--lengths", action="append", help="lengths .npy for a .npy/.safetensors input (once per input)")
+    p.add_argument("--ids", action="append", help="text file of ids, one per line (once per input)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), help="store in this dtype (default: the input's)")
+    p.add_argument("--append", action="store_true", help="add to the corpus at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace the corpus at --out")
+    p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.set_defaults(run=run_index)
+    return p
+
+
+def run_index(args) -> int:
+    from maxsim.search.corpus import Corpus
+
+    start = time.perf_counter()
+    for option in ("lengths", "ids"):
+        given = getattr(args, option) or []
+        if given and len(given) != len(args.inputs):
+            print(f"maxsim index: give --{option} once per input ({len(args.inputs)}), or not at all", file=sys.stderr)
+            return 2
+    documents = tokens = next_id = 0
+    append = args.append
+    for n, path in enumerate(args.inputs):
+        packed, lengths, ids = load_embeddings(path, (args.lengths or [None] * len(args.inputs))[n])
+        if args.ids:
+            ids = _read_ids(args.ids[n])
+        if args.dtype:
+            packed = packed.to(_DTYPES[args.dtype])
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if ids is None:  # default ids continue the corpus's (or the previous input's) numbering
+            if n == 0 and append and Path(args.out, "manifest.json").is_file():
+                existing = Corpus.load(args.out, mmap=True, verify=False).ids
+                next_id = int(existing.max()) + 1 if isinstance(existing, np.ndarray) and len(existing) else 0
+            ids = np.arange(next_id, next_id + lengths.size, dtype=np.int64)
+            next_id += lengths.size
+        corpus = Corpus(packed, offsets, ids)
+        corpus.save(args.out, append=append, overwrite=args.overwrite and n == 0)
+        append = True
+        documents += len(corpus)
+        tokens += corpus.num_tokens
+    seconds = time.perf_counter() - start
+    if not args.quiet:
+        print(f"maxsim index: {documents} documents, {tokens} tokens -> {args.out} in {seconds:.2f} s "
+              f"({documents / max(seconds, 1e-9):.0f} documents/s)", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# search
+
+
+def add_search_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("search", help="exact top-k of queries against a corpus file -> TREC run or JSON lines",
+                              description=SEARCH_HELP + EMBEDDING_FILES, epilog=SEARCH_EXAMPLE,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True, help="corpus directory (python -m maxsim index)")
+    p.add_argument("--queries", required=True, help="query embeddings (.npy, .pt, .safetensors)")
+    p.add_argument("--query-lengths", help="lengths .npy for packed .npy/.safetensors queries")
+    p.add_argument("--query-ids", help="text file of query ids, one per line (default: the file's, or 0..)")
+    p.add_argument("-k", type=int, default=100, help="documents per query (default 100)")
+    p.add_argument("--out", required=True, help="output file ('-' = stdout)")
+    p.add_argument("--format", choices=["trec", "jsonl"], help="default: jsonl for *.jsonl/*.json, else trec")
+    p.add_argument("--tag", default="maxsim", help="run tag, the TREC file's last column")
+    p.add_argument("--batch-size", type=int, help="queries scored together against each corpus chunk")
+    p.add_argument("--gpu-memory", type=_parse_bytes, help="device memory budget, e.g. 2GB (default: 1/4 of free)")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--load", choices=["mmap", "host", "pinned", "device"], default="mmap",
+                   help="how to hold the corpus: memory-mapped (default), in host memory, pinned, on the device")
+    p.add_argument("--no-verify", action="store_true", help="skip the CRC-32 check of the corpus files (sizes still checked)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.set_defaults(run=run_search)
+    return p
+
+
+def write_run(out, query_ids, result, tag: str, fmt: str) -> None:
+    """TREC run lines ``qid Q0 docid rank score tag`` (rank from 1), or JSON lines
+    ``{"qid", "docids", "scores"}``."""
+    ids = result.ids.tolist() if isinstance(result.ids, torch.Tensor) else result.ids
+    scores = result.scores.cpu().tolist()
+    for qid, doc_ids, row in zip(query_ids, ids, scores):
+        if fmt == "jsonl":
+            out.write(json.dumps({"qid": qid, "docids": doc_ids, "scores": row}) + "\n")
+        else:
+            for rank, (doc, score) in enumerate(zip(doc_ids, row), 1):
+                out.write(f"{qid} Q0 {doc} {rank} {score:.6f} {tag}\n")
+
+
+def run_search(args) -> int:
+    from maxsim.search.corpus import Corpus
+
+    if args.k < 1:
+        print(f"maxsim search: -k must be at least 1; got {args.k}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    device = torch.device(args.device) if args.device else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    corpus = Corpus.load(args.corpus, mmap=args.load == "mmap", verify=not args.no_verify,
+                         pin_memory=args.load == "pinned" and device.type == "cuda",
+                         device=device if args.load == "device" else None)
+    packed, lengths, query_ids = load_embeddings(args.queries, args.query_lengths)
+    if args.query_ids:
+        query_ids = _read_ids(args.query_ids)
+    if query_ids is None:
+        query_ids = list(range(lengths.size))
+    if isinstance(query_ids, np.ndarray):
+        query_ids = query_ids.tolist()
+    if len(query_ids) != lengths.size:
+        print(f"maxsim search: {len(query_ids)} query ids for {lengths.size} queries", file=sys.stderr)
+        return 2
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    queries = [packed[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+    try:
+        result = corpus.search(queries, args.k, batch_size=args.batch_size, gpu_memory=args.gpu_memory,
+                               progress=False if args.no_progress else None, device=device)
+    except KeyboardInterrupt:
+        print("maxsim search: interrupted; nothing written", file=sys.stderr)
+        return 130
+    fmt = args.format or ("jsonl" if str(args.out).endswith((".jsonl", ".json")) else "trec")
+    if args.out == "-":
+        write_run(sys.stdout, query_ids, result, args.tag, fmt)
+    else:
+        tmp = Path(str(args.out) + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            write_run(f, query_ids, result, args.tag, fmt)
+        tmp.replace(args.out)
+    seconds = time.perf_counter() - start
+    if not args.quiet:
+        print(f"maxsim search: {len(queries)} queries x {len(corpus)} documents ({corpus.num_tokens} tokens, "
+              f"{corpus.where()}) on {device}, k={args.k}: {seconds:.2f} s, {len(queries) / max(seconds, 1e-9):.1f} "
+              f"queries/s, {len(corpus) * len(queries) / max(seconds, 1e-9):.3g} document scores/s -> {args.out}",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,293 @@
+"""The corpus file format: a directory of ``.npy`` files and a small JSON manifest.
+
+Layout (format version 1)::
+
+    corpus/
+      manifest.json                       the commit point: what is listed here is the corpus
+      seg-00000-<tag>.emb.npy             [t, d] token embeddings of segment 0 (C order)
+      seg-00000-<tag>.len.npy             [n] int64 token count of each document
+      seg-00000-<tag>.ids.npy | .ids.json [n] int64 ids, or a JSON list of n strings
+      seg-00001-<tag>....                 one segment per save/append
+
+    manifest.json = {"format": "maxsim-corpus", "version": 1, "dim": d, "dtype": "float16",
+                     "id_type": "int" | "str", "num_documents": N, "num_tokens": T,
+                     "segments": [{"num_documents": n, "num_tokens": t,
+                                   "files": {"embeddings": {"name", "bytes", "crc32"},
+                                             "lengths": {...}, "ids": {...}}}]}
+
+Why ``.npy`` (not safetensors): ``numpy.load(mmap_mode=...)`` maps the file with no copy and no
+extra dependency (numpy is already one of maxsim's); a header of a few dozen bytes, padded to a
+64-byte boundary, precedes the raw C-order data, so the mapped array is aligned; and a segment is
+written from any array-like in a streaming ``tofile``, where safetensors' writer takes a dict of
+whole in-memory tensors. NumPy has no bfloat16: bf16 embeddings are stored as their uint16 bits and
+the manifest's ``dtype`` says "bfloat16".
+
+Safety:
+- Every file's exact size and CRC-32 are in the manifest. Opening checks every size and header
+  (a truncated or extended file is an error naming it); ``verify=True`` also checks every CRC (one
+  sequential read of the corpus), so a corrupted byte is an error, never a wrong answer.
+- A manifest of a newer format version is refused with an error naming the file.
+- Writes are atomic: segment files are written under a temporary name, fsynced and renamed; then
+  the manifest is written to a temporary name, fsynced and renamed over the old one (and the
+  directory fsynced). An interrupted save or append leaves the previous manifest, hence the
+  previous corpus, intact; the orphaned files it may leave are removed by the next write.
+- One writer at a time (no locking).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_NAME = "maxsim-corpus"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_CRC_BLOCK = 16 << 20
+# dtype names of the manifest -> the numpy dtype the .npy file holds.
+STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
+
+
+class CorpusFormatError(ValueError):
+    """A corpus directory or file that cannot be read: missing, truncated, corrupted, too new."""
+
+
+@dataclass
+class Segment:
+    """One segment as read from disk: ``embeddings [t, d]`` (numpy, maybe memory-mapped, bf16 as
+    uint16), ``lengths [n]`` int64, ``ids`` (int64 numpy array or list of str)."""
+
+    embeddings: np.ndarray
+    lengths: np.ndarray
+    ids: object
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def file_crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_CRC_BLOCK)
+            if not block:
+                return crc
+            crc = zlib.crc32(block, crc)
+
+
+def _write_array(path: Path, array: np.ndarray) -> None:
+    """Write a .npy atomically: temporary name, fsync, rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.lib.format.write_array(f, np.ascontiguousarray(array) if not array.flags.c_contiguous else array,
+                                  allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, value) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _replace_manifest(directory: Path, manifest: dict) -> None:
+    """The commit point of every write."""
+    _write_json(directory / MANIFEST, manifest)
+    _fsync_dir(directory)
+
+
+def _describe(path: Path) -> dict:
+    return {"name": path.name, "bytes": path.stat().st_size, "crc32": file_crc32(path)}
+
+
+def read_manifest(directory) -> dict:
+    """Read and check a corpus manifest (format name, version, fields)."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise CorpusFormatError(f"maxsim: {directory} is not a corpus: {path} is missing")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} is corrupted: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise CorpusFormatError(f"maxsim: {path} is not a maxsim corpus manifest")
+    version = manifest.get("version")
+    if not isinstance(version, int):
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} has no format version")
+    if version > FORMAT_VERSION:
+        raise CorpusFormatError(
+            f"maxsim: corpus {path} was written by a newer format version ({version}); this maxsim reads "
+            f"versions up to {FORMAT_VERSION}: upgrade maxsim")
+    for key in ("dim", "dtype", "id_type", "num_documents", "num_tokens", "segments"):
+        if key not in manifest:
+            raise CorpusFormatError(f"maxsim: corpus manifest {path} lacks {key!r}")
+    if manifest["dtype"] not in STORED_DTYPES:
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} has an unknown dtype {manifest['dtype']!r}")
+    return manifest
+
+
+def _check_file(directory: Path, entry: dict, verify: bool) -> Path:
+    path = directory / entry["name"]
+    if not path.is_file():
+        raise CorpusFormatError(f"maxsim: corpus file {path} is missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        what = "truncated" if size < entry["bytes"] else "longer than written"
+        raise CorpusFormatError(f"maxsim: corpus file {path} is {what}: {size} bytes, the manifest says {entry['bytes']}")
+    if verify and file_crc32(path) != entry["crc32"]:
+        raise CorpusFormatError(f"maxsim: corpus file {path} is corrupted (CRC-32 mismatch)")
+    return path
+
+
+def _load_npy(path: Path, mmap: bool, dtype, shape) -> np.ndarray:
+    try:
+        # "c" (copy-on-write) maps the file read-only on disk but gives a writable array, which
+        # torch.from_numpy takes without a warning; nothing is ever written back.
+        array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise CorpusFormatError(f"maxsim: corpus file {path} cannot be read as .npy: {err}") from None
+    if array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
+        raise CorpusFormatError(f"maxsim: corpus file {path} holds {array.dtype} {list(array.shape)}; "
+                                f"the manifest says {np.dtype(dtype)} {list(shape)}")
+    return array
+
+
+def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[dict, list[Segment]]:
+    """Check and open every segment of a corpus directory -> ``(manifest, segments)``."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    dim, stored = manifest["dim"], STORED_DTYPES[manifest["dtype"]]
+    segments = []
+    total_docs = total_tokens = 0
+    for entry in manifest["segments"]:
+        files = entry["files"]
+        n, t = entry["num_documents"], entry["num_tokens"]
+        emb_path = _check_file(directory, files["embeddings"], verify)
+        len_path = _check_file(directory, files["lengths"], verify)
+        ids_path = _check_file(directory, files["ids"], verify)
+        embeddings = _load_npy(emb_path, mmap, stored, (t, dim))
+        lengths = _load_npy(len_path, False, np.int64, (n,))
+        if (lengths < 0).any() or int(lengths.sum()) != t:
+            raise CorpusFormatError(f"maxsim: corpus file {len_path} does not add up to the {t} tokens of {emb_path.name}")
+        if manifest["id_type"] == "str":
+            try:
+                ids = json.loads(ids_path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise CorpusFormatError(f"maxsim: corpus file {ids_path} is corrupted: {err}") from None
+            if not isinstance(ids, list) or len(ids) != n or not all(isinstance(x, str) for x in ids):
+                raise CorpusFormatError(f"maxsim: corpus file {ids_path} must hold {n} string ids")
+        else:
+            ids = _load_npy(ids_path, False, np.int64, (n,))
+        segments.append(Segment(embeddings, lengths, ids))
+        total_docs += n
+        total_tokens += t
+    if total_docs != manifest["num_documents"] or total_tokens != manifest["num_tokens"]:
+        raise CorpusFormatError(f"maxsim: corpus manifest {directory / MANIFEST} does not add up over its segments")
+    return manifest, segments
+
+
+def _remove_orphans(directory: Path, manifest: dict) -> None:
+    """Delete segment files (and temporaries) that the manifest does not list."""
+    listed = {f["name"] for s in manifest["segments"] for f in s["files"].values()}
+    for path in directory.iterdir():
+        if path.name.startswith("seg-") and path.name not in listed:
+            path.unlink(missing_ok=True)
+        elif path.name.startswith(MANIFEST) and path.name != MANIFEST:
+            path.unlink(missing_ok=True)
+
+
+def _write_segment(directory: Path, number: int, embeddings: np.ndarray, lengths: np.ndarray, ids) -> dict:
+    tag = secrets.token_hex(4)
+    stem = f"seg-{number:05d}-{tag}"
+    emb_path = directory / f"{stem}.emb.npy"
+    len_path = directory / f"{stem}.len.npy"
+    _write_array(emb_path, embeddings)
+    _write_array(len_path, np.asarray(lengths, dtype=np.int64))
+    if isinstance(ids, np.ndarray):
+        ids_path = directory / f"{stem}.ids.npy"
+        _write_array(ids_path, ids.astype(np.int64, copy=False))
+    else:
+        ids_path = directory / f"{stem}.ids.json"
+        _write_json(ids_path, list(ids))
+    return {
+        "num_documents": int(len(lengths)),
+        "num_tokens": int(embeddings.shape[0]),
+        "files": {"embeddings": _describe(emb_path), "lengths": _describe(len_path), "ids": _describe(ids_path)},
+    }
+
+
+def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dtype_name: str, *,
+                 append: bool = False, overwrite: bool = False) -> dict:
+    """Write one segment and commit it -> the new manifest.
+
+    ``embeddings [t, d]`` in the stored numpy dtype (bf16 as uint16), ``lengths [n]``, ``ids`` an
+    int64 array or list of n str. ``append``: add to the corpus at ``directory`` (same d, dtype and
+    id type; ids must stay unique). Otherwise a new corpus; an existing one is replaced only with
+    ``overwrite`` (its files are deleted after the new manifest is committed).
+    """
+    directory = Path(directory)
+    id_type = "int" if isinstance(ids, np.ndarray) else "str"
+    dim = int(embeddings.shape[1])
+    exists = (directory / MANIFEST).is_file()
+    if append and exists:
+        manifest, segments = open_corpus(directory, mmap=True, verify=False)
+        where = directory / MANIFEST
+        if manifest["dim"] != dim:
+            raise ValueError(f"maxsim: cannot append d={dim} embeddings to corpus {where} of d={manifest['dim']}")
+        if manifest["dtype"] != dtype_name:
+            raise TypeError(f"maxsim: cannot append {dtype_name} embeddings to corpus {where} of {manifest['dtype']}")
+        if manifest["id_type"] != id_type:
+            raise TypeError(f"maxsim: cannot append {id_type} ids to corpus {where} of {manifest['id_type']} ids")
+        old_ids = set()
+        for s in segments:
+            old_ids.update(s.ids.tolist() if isinstance(s.ids, np.ndarray) else s.ids)
+        new_ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        clash = next((x for x in new_ids if x in old_ids), None)
+        if clash is not None:
+            raise ValueError(f"maxsim: document id {clash!r} is already in corpus {where}")
+        _remove_orphans(directory, manifest)
+        number = len(manifest["segments"])
+    else:
+        if exists and not overwrite:
+            raise FileExistsError(f"maxsim: {directory} already holds a corpus (pass overwrite=True or append=True)")
+        if directory.exists() and not directory.is_dir():
+            raise FileExistsError(f"maxsim: {directory} exists and is not a directory")
+        if directory.is_dir() and not exists:
+            strangers = [p.name for p in directory.iterdir() if not p.name.startswith(("seg-", MANIFEST))]
+            if strangers:
+                raise FileExistsError(f"maxsim: {directory} is not empty and not a corpus ({strangers[0]}, ...)")
+        directory.mkdir(parents=True, exist_ok=True)
+        manifest = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
+                    "id_type": id_type, "num_documents": 0, "num_tokens": 0, "segments": []}
+        old = read_manifest(directory) if exists else None
+        number = (len(old["segments"]) if old else 0)
+    segment = _write_segment(directory, number, embeddings, lengths, ids)
+    manifest = dict(manifest)
+    manifest["segments"] = list(manifest["segments"]) + [segment]
+    manifest["num_documents"] = int(manifest["num_documents"]) + segment["num_documents"]
+    manifest["num_tokens"] = int(manifest["num_tokens"]) + segment["num_tokens"]
+    manifest["version"] = FORMAT_VERSION
+    _replace_manifest(directory, manifest)
+    _remove_orphans(directory, manifest)
+    return manifest

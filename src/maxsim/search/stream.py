@@ -1,0 +1,270 @@
+"""Searching a corpus chunk by chunk: GPU-resident, host-resident (pinned) or memory-mapped.
+
+A host corpus streams to the GPU in chunks sized to a memory budget, double-buffered::
+
+    copy stream:    H2D chunk 0 | H2D chunk 1 | H2D chunk 2 (waits until chunk 0's buffer is free) ...
+    compute stream:             | score 0     | score 1     | score 2 ...
+                                  (each waits for its chunk's copy: events)
+
+Every query batch is scored against a chunk while it is resident (query batching is where the
+compute-bound kernel pays) and merged into a running top-k (topk.RunningTopK: exact ties). A
+memory-mapped (or unpinned) corpus is first read by a worker thread into one of two pinned staging
+buffers, so that reading the file, the copy and the scoring overlap. The host keeps at most two
+chunks in flight, which bounds the GPU memory and makes the progress bar and Ctrl-C prompt. On the
+CPU (or for a corpus already on the device) the same loop runs on views, without streams.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
+                                packed_queries, score_packed_chunk)
+
+# Share of the budget for the two chunk buffers (the rest: scores, top-k state, kernel scratch).
+_BUFFER_SHARE = 0.5
+_CPU_DEFAULT_BUDGET = 1 << 30
+
+
+def _progress_bar(progress, total: int, description: str):
+    """A tqdm bar, or None (tqdm missing, not a terminal, or progress=False)."""
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="doc", unit_scale=True, desc=description, leave=False, dynamic_ncols=True)
+
+
+def default_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free // 4)
+    return _CPU_DEFAULT_BUDGET
+
+
+def choose_device(corpus, Q, device=None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if corpus.device.type != "cpu":
+        return corpus.device
+    q_device = Q[0].device if isinstance(Q, (list, tuple)) and Q and isinstance(Q[0], torch.Tensor) else getattr(Q, "device", None)
+    if q_device is not None and q_device.type != "cpu":
+        return q_device
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def plan_chunks(offsets: np.ndarray, max_tokens: int, max_documents: int) -> list[tuple[int, int]]:
+    """Split documents ``0 .. len(offsets) - 2`` into contiguous chunks of at most ``max_tokens``
+    tokens and ``max_documents`` documents, balanced (about equal token counts) so that no chunk is
+    a small remainder. -> ``[(start, stop), ...]``."""
+    n = offsets.size - 1
+    if n == 0:
+        return []
+    lengths = np.diff(offsets)
+    longest = int(lengths.max())
+    if longest > max_tokens:
+        raise ValueError(f"maxsim: a document of {longest} tokens does not fit the chunk buffer of {max_tokens} "
+                         "tokens: raise gpu_memory")
+    total = int(offsets[-1])
+    # Equal token targets leave each chunk at most one document over its share.
+    room = max(max_tokens - longest, 1)
+    count = max(math.ceil(total / room) if total else 1, math.ceil(n / max_documents), 1)
+    while True:
+        targets = total * np.arange(1, count) / count
+        bounds = np.concatenate([[0], np.searchsorted(offsets, targets, side="left"), [n]]).astype(np.int64)
+        bounds = np.maximum.accumulate(np.clip(bounds, 0, n))
+        bounds = np.unique(bounds)
+        chunks = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            # Too many (e.g. empty) documents in one token share: split it evenly.
+            parts = math.ceil((b - a) / max_documents)
+            edges = np.linspace(a, b, parts + 1).round().astype(np.int64)
+            chunks.extend((int(x), int(y)) for x, y in zip(edges[:-1], edges[1:]) if y > x)
+        if all(offsets[b] - offsets[a] <= max_tokens for a, b in chunks):
+            return chunks
+        count += 1  # pragma: no cover - the room above makes the first plan fit
+
+
+class _Plan:
+    """Budget -> chunk buffer size (tokens), documents per chunk, queries per batch."""
+
+    def __init__(self, budget: int, num_queries: int, k: int, query_bytes: int, dim: int, itemsize: int,
+                 mean_length: float, streamed: bool, batch_size: int | None):
+        state = 3 * num_queries * k * 12  # running keys + scores, and the merge's temporaries
+        rest = budget - query_bytes - state
+        if rest <= 0:
+            raise ValueError(f"maxsim: gpu_memory={budget} bytes does not hold the queries and the top-k state "
+                             f"({query_bytes + state} bytes): raise it or search fewer queries at a time")
+        buffer_bytes = int(rest * _BUFFER_SHARE) if streamed else 0
+        self.max_tokens = max(1, buffer_bytes // (2 * dim * itemsize)) if streamed else None
+        score_elements = max(1, (rest - buffer_bytes) // SCRATCH_BYTES_PER_SCORE)
+        docs_in_buffer = (self.max_tokens / max(mean_length, 1.0)) if streamed else None
+        if batch_size is None:
+            wanted = docs_in_buffer if streamed else min(score_elements // max(num_queries, 1), 2**20)
+            batch_size = max(1, min(num_queries, int(score_elements // max(wanted, max(k, 1)))))
+        self.batch_size = max(1, int(batch_size))
+        self.score_bytes = score_elements * SCRATCH_BYTES_PER_SCORE
+
+
+def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None, progress=None, device=None,
+                  running: list | None = None):
+    """Top-k of ``corpus`` for the queries ``Q`` -> ``(scores [Nq, k'], global indices [Nq, k'])``.
+
+    ``running``: for sharded search, a list to receive the per-batch RunningTopK instead of results.
+    """
+    k = check_k(k)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"maxsim: batch_size must be a positive int; got {batch_size!r}")
+    if gpu_memory is not None and (isinstance(gpu_memory, bool) or not isinstance(gpu_memory, (int, float)) or gpu_memory <= 0):
+        raise ValueError(f"maxsim: gpu_memory must be a positive number of bytes; got {gpu_memory!r}")
+    device = choose_device(corpus, Q, device)
+    squeeze = not isinstance(Q, (list, tuple)) and isinstance(Q, torch.Tensor) and Q.dim() == 2
+    if isinstance(Q, np.ndarray):
+        Q = torch.from_numpy(Q)
+    q, cu_q, cu_q_host, max_q = packed_queries(Q, q_mask)
+    if q.dtype != corpus.dtype:
+        raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} holds {corpus.dtype}")
+    if q.shape[1] != corpus.dim:
+        raise ValueError(f"maxsim: the queries have d={q.shape[1]} but {corpus.name()} has d={corpus.dim}")
+    if corpus.base_index + len(corpus) >= MAX_DOCUMENTS:
+        raise ValueError(f"maxsim: search supports fewer than {MAX_DOCUMENTS} documents")
+    q, cu_q = q.to(device), cu_q.to(device)
+    Nq = cu_q_host.size - 1
+
+    streamed = device.type == "cuda" and corpus.device.type == "cpu"
+    budget = int(gpu_memory) if gpu_memory is not None else default_budget(device)
+    plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), corpus.dim, q.element_size(),
+                 corpus.num_tokens / max(len(corpus), 1), streamed, batch_size)
+    batches = []  # (rows, q_batch, cu_batch, max_q of batch, RunningTopK)
+    for b0 in range(0, Nq, plan.batch_size):
+        b1 = min(Nq, b0 + plan.batch_size)
+        t0, t1 = int(cu_q_host[b0]), int(cu_q_host[b1])
+        cu_b = torch.from_numpy(cu_q_host[b0:b1 + 1] - t0).to(device)
+        max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
+        batches.append((q[t0:t1], cu_b, max_b, RunningTopK(b1 - b0, k, device)))
+
+    # The work: (segment, start, stop) chunks of every segment.
+    max_tokens = plan.max_tokens or max(corpus.num_tokens, 1)
+    max_documents = choose_chunk_documents(plan.batch_size, max(len(corpus), 1), k, corpus.num_tokens / max(len(corpus), 1),
+                                           device, plan.score_bytes)
+    work = [(s, a, b) for s in corpus.segments for a, b in plan_chunks(s.offsets, max_tokens, max_documents)]
+    bar = _progress_bar(progress, len(corpus), "maxsim search")
+
+    def score(chunk_tokens: torch.Tensor, segment, start: int, stop: int, token_base: int) -> None:
+        for q_b, cu_b, max_b, top in batches:
+            scores = score_packed_chunk(q_b, cu_b, max_b, chunk_tokens, segment.offsets, start, stop, token_base)
+            top.update(scores, corpus.base_index + segment.first_document + start)
+
+    try:
+        if streamed:
+            _stream(work, score, device, plan.max_tokens, corpus.dim, corpus.dtype, bar)
+        else:
+            for segment, start, stop in work:
+                emb = segment.embeddings
+                if emb.device != device:  # a GPU corpus searched on the CPU (or another GPU)
+                    t0, t1 = int(segment.offsets[start]), int(segment.offsets[stop])
+                    score(emb[t0:t1].to(device), segment, start, stop, t0)
+                else:
+                    score(emb, segment, start, stop, 0)
+                if bar is not None:
+                    bar.update(stop - start)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    if running is not None:
+        running.extend(top for *_, top in batches)
+        return None
+    if batches:
+        scores = torch.cat([top.result()[0] for *_, top in batches], 0)
+        indices = torch.cat([top.result()[1] for *_, top in batches], 0)
+    else:
+        width = min(k, len(corpus))
+        scores = torch.empty(0, width, dtype=torch.float32, device=device)
+        indices = torch.empty(0, width, dtype=torch.int64, device=device)
+    if squeeze:
+        return scores[0], indices[0]
+    return scores, indices
+
+
+def _stream(work, score, device, max_tokens: int, dim: int, dtype: torch.dtype, bar) -> None:
+    """Double-buffered host-to-device streaming of ``work`` chunks; ``score`` runs on the current
+    stream with the chunk's device buffer."""
+    if not work:
+        return
+    compute = torch.cuda.current_stream(device)
+    copy_stream = torch.cuda.Stream(device)
+    buffers = [torch.empty(max_tokens, dim, dtype=dtype, device=device) for _ in range(2)]  # [cap, d] each
+    copied = [torch.cuda.Event() for _ in range(2)]  # chunk j's copy into buffers[j % 2] done
+    consumed = [torch.cuda.Event() for _ in range(2)]  # scoring of the chunk in buffers[j % 2] done
+    staged_free = [torch.cuda.Event() for _ in range(2)]  # copy out of staging[j % 2] done
+    needs_staging = any(not (seg.embeddings.is_pinned()) for seg, _, _ in work)
+    staging = [torch.empty(max_tokens, dim, dtype=dtype, pin_memory=True) for _ in range(2)] if needs_staging else None
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maxsim-read") if needs_staging else None
+    pending = {}  # j -> future of the staging read
+
+    def rows(j):
+        segment, start, stop = work[j]
+        return segment, int(segment.offsets[start]), int(segment.offsets[stop])
+
+    def read(j):  # worker thread: file / pageable memory -> pinned staging[j % 2]
+        segment, t0, t1 = rows(j)
+        staged_free[j % 2].synchronize()  # the copy of chunk j - 2 has left this staging buffer
+        staging[j % 2][: t1 - t0].copy_(segment.embeddings[t0:t1])
+
+    def stage(j):
+        if j < len(work) and needs_staging and not work[j][0].embeddings.is_pinned():
+            pending[j] = reader.submit(read, j)
+
+    def upload(j):
+        segment, t0, t1 = rows(j)
+        b = j % 2
+        if j in pending:
+            pending.pop(j).result()
+            source = staging[b][: t1 - t0]
+        else:
+            source = segment.embeddings[t0:t1]
+        with torch.cuda.stream(copy_stream):
+            copy_stream.wait_event(consumed[b])  # scoring of chunk j - 2 has left buffers[b]
+            buffers[b][: t1 - t0].copy_(source, non_blocking=True)
+            copied[b].record(copy_stream)
+            staged_free[b].record(copy_stream)
+
+    try:
+        stage(0)
+        stage(1)
+        upload(0)
+        for j in range(len(work)):
+            segment, start, stop = work[j]
+            b = j % 2
+            compute.wait_event(copied[b])
+            score(buffers[b], segment, start, stop, int(segment.offsets[start]))
+            consumed[b].record(compute)
+            if j + 1 < len(work):
+                upload(j + 1)
+            stage(j + 2)
+            if j >= 1:
+                consumed[(j - 1) % 2].synchronize()  # at most two chunks in flight
+                if bar is not None:
+                    prev = work[j - 1]
+                    bar.update(prev[2] - prev[1])
+        consumed[(len(work) - 1) % 2].synchronize()
+        if bar is not None:
+            bar.update(work[-1][2] - work[-1][1])
+    finally:
+        # Ctrl-C or an error: let the device finish with the buffers before they are freed.
+        if reader is not None:
+            for future in pending.values():
+                future.cancel()
+            reader.shutdown(wait=True)
+        copy_stream.synchronize()
+        compute.synchronize()
+        for buffer in buffers:
+            buffer.record_stream(copy_stream)

@@ -1,0 +1,112 @@
+"""The index and search commands, through parsers built here (the lead wires them into maxsim.cli)."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import maxsim
+from maxsim.search.cli import add_index_parser, add_search_parser
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="maxsim")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_index_parser(sub)
+    add_search_parser(sub)
+    return parser.parse_args(argv)
+
+
+def run(argv):
+    args = parse(argv)
+    return args.run(args)
+
+
+def sorted_topk(full, k):
+    values, order = torch.sort(full, stable=True, dim=-1, descending=True)
+    return values[..., :k], order[..., :k]
+
+
+def test_index_then_search_trec_and_jsonl(tmp_path, capsys):
+    docs = [torch.randint(-3, 4, (int(n), 8)).float() for n in torch.randint(1, 6, (40,))]
+    more = [torch.randint(-3, 4, (int(n), 8)).float() for n in torch.randint(1, 6, (10,))]
+    queries = [torch.randint(-3, 4, (int(n), 8)).float() for n in (2, 4, 3)]
+    packed = torch.cat(docs).numpy()
+    np.save(tmp_path / "docs.npy", packed)
+    np.save(tmp_path / "lengths.npy", np.array([x.shape[0] for x in docs]))
+    (tmp_path / "ids.txt").write_text("".join(f"doc{j}\n" for j in range(40)))
+    torch.save({"embeddings": more, "ids": [f"doc{j}" for j in range(40, 50)]}, tmp_path / "more.pt")
+    torch.save({"embeddings": queries, "ids": ["q1", "q2", "q3"]}, tmp_path / "queries.pt")
+
+    assert run(["index", "--out", str(tmp_path / "c"), str(tmp_path / "docs.npy"),
+                "--lengths", str(tmp_path / "lengths.npy"), "--ids", str(tmp_path / "ids.txt")]) == 0
+    assert run(["index", "--out", str(tmp_path / "c"), "--append", str(tmp_path / "more.pt")]) == 0
+    assert "50" not in capsys.readouterr().out  # summaries go to stderr
+
+    assert run(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "queries.pt"),
+                "-k", "7", "--out", str(tmp_path / "run.trec"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "3 queries x 50 documents" in err
+    values, order = sorted_topk(maxsim.maxsim_varlen(queries, docs + more), 7)
+    lines = (tmp_path / "run.trec").read_text().splitlines()
+    assert len(lines) == 21
+    expect = [f"{q} Q0 doc{order[i, r].item()} {r + 1} {values[i, r].item():.6f} maxsim"
+              for i, q in enumerate(["q1", "q2", "q3"]) for r in range(7)]
+    assert lines == expect
+
+    assert run(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "queries.pt"),
+                "-k", "100", "--out", str(tmp_path / "run.jsonl"), "--quiet", "--load", "host"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [r["qid"] for r in rows] == ["q1", "q2", "q3"]
+    assert rows[1]["docids"] == [f"doc{j}" for j in sorted_topk(maxsim.maxsim_varlen(queries, docs + more), 50)[1][1].tolist()]
+
+
+def test_padded_npy_safetensors_and_errors(tmp_path):
+    D = torch.randn(12, 5, 4)
+    lengths = np.array([5, 1, 3, 0, 2, 5, 4, 4, 1, 2, 3, 5])
+    np.save(tmp_path / "padded.npy", D.numpy())
+    np.save(tmp_path / "len.npy", lengths)
+    assert run(["index", "--out", str(tmp_path / "c"), str(tmp_path / "padded.npy"), "--lengths", str(tmp_path / "len.npy"),
+                "--dtype", "float16", "--quiet"]) == 0
+    from maxsim.search import Corpus
+
+    corpus = Corpus.load(tmp_path / "c")
+    assert corpus.dtype == torch.float16 and corpus.num_tokens == int(lengths.sum())
+    assert torch.equal(corpus.document(2), D[2, :3].half())
+    with pytest.raises(FileExistsError):
+        run(["index", "--out", str(tmp_path / "c"), str(tmp_path / "padded.npy"), "--quiet"])
+    np.save(tmp_path / "packed.npy", np.zeros((7, 4), np.float32))
+    with pytest.raises(ValueError, match="--lengths"):
+        run(["index", "--out", str(tmp_path / "d"), str(tmp_path / "packed.npy")])
+    with pytest.raises(ValueError, match="unknown embedding file type"):
+        (tmp_path / "x.txt").write_text("1")
+        run(["index", "--out", str(tmp_path / "d"), str(tmp_path / "x.txt")])
+    with pytest.raises(SystemExit):
+        parse(["search", "--corpus", "c", "--queries", "q", "--gpu-memory", "lots", "--out", "o"])
+
+
+def test_safetensors_queries(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    docs = [torch.randint(-3, 4, (int(n), 4)).half() for n in torch.randint(0, 5, (20,))]
+    safetensors.save_file({"embeddings": torch.cat(docs), "lengths": torch.tensor([x.shape[0] for x in docs])},
+                          str(tmp_path / "d.safetensors"))
+    queries = {"qa": torch.randint(-3, 4, (3, 4)).half(), "qb": torch.randint(-3, 4, (2, 4)).half()}
+    safetensors.save_file(queries, str(tmp_path / "q.safetensors"))
+    assert run(["index", "--out", str(tmp_path / "c"), str(tmp_path / "d.safetensors"), "--quiet"]) == 0
+    assert run(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "q.safetensors"),
+                "-k", "3", "--out", str(tmp_path / "r.jsonl"), "--quiet"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    values, order = sorted_topk(maxsim.maxsim_varlen(list(queries.values()), docs), 3)
+    assert [r["qid"] for r in rows] == ["qa", "qb"]
+    assert [r["docids"] for r in rows] == order.tolist() and [r["scores"] for r in rows] == values.tolist()
+
+
+def test_help_has_an_example(capsys):
+    with pytest.raises(SystemExit):
+        parse(["search", "--help"])
+    assert "example:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parse(["index", "--help"])
+    assert "python -m maxsim index" in capsys.readouterr().out
