@@ -3,7 +3,8 @@
     scores = maxsim.maxsim(Q, D, q_mask, d_mask)   # Q [Nq, Lq, d], D [Nd, Ld, d] -> [Nq, Nd] fp32
 """
 
-from maxsim import reference
+from maxsim import compressed, index, reference
+from maxsim.compressed import ResidualCodec, maxsim_residual, maxsim_residual_varlen, plaid_approx_score
 from maxsim.dense.ops import maxsim
 from maxsim.search import Corpus, topk
 from maxsim.selection import explain
@@ -24,6 +25,12 @@ __all__ = [
     "packed_to_padded",
     "padded_to_packed",
     "reference",
+    "compressed",
+    "index",
+    "ResidualCodec",
+    "maxsim_residual",
+    "maxsim_residual_varlen",
+    "plaid_approx_score",
     "warmup",
     "__version__",
 ]

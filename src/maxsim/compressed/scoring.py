@@ -1,0 +1,234 @@
+"""MaxSim on residual-compressed documents, and PLAID's centroid-only approximate score.
+
+These decode documents a bounded chunk at a time and score each chunk with the public
+``maxsim.maxsim`` / ``maxsim.maxsim_varlen``, so no dense ``[Nd, Ld, d]`` corpus is ever built and
+gradients flow to Q through them. Documents are normalised after decoding (``normalize=``); Q is
+used as given (ColBERT queries are already unit vectors).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import maxsim as _maxsim
+
+from .codec import ResidualCodec
+
+# Scratch budget for the decoded documents of one chunk.
+_DECODE_CHUNK_BYTES = 64 << 20
+# Scratch budget for one chunk of gathered centroid scores in plaid_approx_score.
+_APPROX_CHUNK_BYTES = 64 << 20
+# colbert-ai's and fast-plaid's score for a query token that finds no document token.
+EMPTY_TOKEN_SCORE = -9999.0
+
+
+def _check_codec(codec):
+    if not isinstance(codec, ResidualCodec):
+        raise TypeError(f"codec must be a maxsim.compressed.ResidualCodec, got {type(codec).__name__}")
+
+
+def _check_query(Q, codec):
+    if not torch.is_tensor(Q) or Q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"Q must be a float16, bfloat16 or float32 tensor, got "
+                        f"{Q.dtype if torch.is_tensor(Q) else type(Q).__name__}")
+    if Q.dim() not in (2, 3) or Q.shape[-1] != codec.dim:
+        raise ValueError(f"Q must have shape [Nq, Lq, {codec.dim}] or [Lq, {codec.dim}], got {tuple(Q.shape)}")
+
+
+def _decode_dtype(Q, decode_dtype):
+    if decode_dtype is None:
+        return torch.float16 if Q.dtype == torch.float16 else torch.float32
+    if decode_dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"decode_dtype must be torch.float16 or torch.float32 (bf16 decode loses "
+                         f"several times more precision), got {decode_dtype}")
+    return decode_dtype
+
+
+def _check_q_mask(q_mask, Q):
+    if q_mask is None:
+        return None
+    if not torch.is_tensor(q_mask) or tuple(q_mask.shape) != tuple(Q.shape[:-1]):
+        raise ValueError(f"q_mask must have shape {tuple(Q.shape[:-1])} (Q.shape[:-1]), got "
+                         f"{tuple(q_mask.shape) if torch.is_tensor(q_mask) else type(q_mask).__name__}")
+    if q_mask.dtype != torch.bool:
+        if q_mask.is_floating_point() or q_mask.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
+                                                           torch.uint8):
+            if bool(((q_mask != 0) & (q_mask != 1)).any()):
+                raise ValueError("q_mask must hold only 0 and 1 (or be bool)")
+        else:
+            raise TypeError(f"q_mask must be bool or 0/1 integers or floats, got {q_mask.dtype}")
+        q_mask = q_mask != 0
+    return q_mask.to(Q.device)
+
+
+def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None, normalize=True,
+                    decode_dtype=None):
+    """MaxSim of Q against padded residual-compressed documents.
+
+    Q [Nq, Lq, d] (or [Lq, d]); codes [Nd, Ld] int; residuals [Nd, Ld, packed_dim] uint8;
+    doc_lengths [Nd] (tokens past a document's length are padding; None = all real).
+    Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q). Empty documents score 0. decode_dtype: fp16 or fp32
+    tiles (default fp16 for an fp16 Q, else fp32; Q is cast to it).
+    """
+    _check_codec(codec)
+    _check_query(Q, codec)
+    if not torch.is_tensor(codes) or codes.dim() != 2:
+        raise ValueError(f"codes must be a [Nd, Ld] integer tensor, got "
+                         f"{tuple(codes.shape) if torch.is_tensor(codes) else type(codes).__name__}")
+    codec._check_compressed(codes, residuals)
+    single_query = Q.dim() == 2
+    q_mask = _check_q_mask(q_mask, Q)
+    if single_query:
+        Q = Q.unsqueeze(0)
+        q_mask = None if q_mask is None else q_mask.unsqueeze(0)
+    num_docs, doc_len = codes.shape
+    device = Q.device
+    dtype = _decode_dtype(Q, decode_dtype)
+    if doc_lengths is not None:
+        if not torch.is_tensor(doc_lengths) or tuple(doc_lengths.shape) != (num_docs,) \
+                or doc_lengths.is_floating_point():
+            raise ValueError(f"doc_lengths must be an integer tensor of shape [{num_docs}], got "
+                             f"{tuple(doc_lengths.shape) if torch.is_tensor(doc_lengths) else type(doc_lengths).__name__}")
+        doc_lengths = doc_lengths.to(device)
+        if num_docs and (bool((doc_lengths < 0).any()) or bool((doc_lengths > doc_len).any())):
+            raise ValueError(f"doc_lengths must lie in [0, {doc_len}] (codes.shape[1])")
+    codec = codec.to(device) if codec.device != device else codec
+    Q_cast = Q.to(dtype)
+    scores = []
+    docs_per_chunk = max(1, _DECODE_CHUNK_BYTES // max(1, doc_len * codec.dim * dtype.itemsize))
+    for start in range(0, num_docs, docs_per_chunk):
+        stop = min(num_docs, start + docs_per_chunk)
+        chunk_codes = codes[start:stop].to(device)
+        d_mask = None
+        if doc_lengths is not None:
+            d_mask = torch.arange(doc_len, device=device) < doc_lengths[start:stop, None]  # [n, Ld]
+            chunk_codes = torch.where(d_mask, chunk_codes, torch.zeros_like(chunk_codes))  # padding may hold junk
+        D = codec.decode(chunk_codes, residuals[start:stop].to(device), normalize=normalize, dtype=dtype)
+        scores.append(_maxsim.maxsim(Q_cast, D, q_mask, d_mask))
+    out = torch.cat(scores, dim=1) if scores else torch.zeros(Q.shape[0], 0, device=device)
+    return out[0] if single_query else out
+
+
+def _check_cu_seqlens(cu_seqlens_d, total, name="cu_seqlens_d"):
+    if not torch.is_tensor(cu_seqlens_d) or cu_seqlens_d.dim() != 1 or cu_seqlens_d.numel() == 0 \
+            or cu_seqlens_d.is_floating_point():
+        raise ValueError(f"{name} must be a 1-D integer tensor [Nd + 1]")
+    cu = cu_seqlens_d.to("cpu", torch.int64)
+    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"{name} must start at 0, not decrease and end at the number of tokens ({total}), "
+                         f"got [{int(cu[0])}, ..., {int(cu[-1])}]")
+    return cu
+
+
+def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seqlen_d=None, q_mask=None,
+                           normalize=True, decode_dtype=None):
+    """MaxSim of Q against packed residual-compressed documents.
+
+    Q [Nq, Lq, d] (or [Lq, d]); codes [T] int; residuals [T, packed_dim] uint8; cu_seqlens_d
+    [Nd + 1] (document i is tokens cu[i]:cu[i+1]). Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q).
+    """
+    _check_codec(codec)
+    _check_query(Q, codec)
+    if not torch.is_tensor(codes) or codes.dim() != 1:
+        raise ValueError(f"codes must be a [T] integer tensor, got "
+                         f"{tuple(codes.shape) if torch.is_tensor(codes) else type(codes).__name__}")
+    codec._check_compressed(codes, residuals)
+    cu = _check_cu_seqlens(cu_seqlens_d, codes.shape[0])
+    single_query = Q.dim() == 2
+    q_mask = _check_q_mask(q_mask, Q)
+    if single_query:
+        Q = Q.unsqueeze(0)
+        q_mask = None if q_mask is None else q_mask.unsqueeze(0)
+    device = Q.device
+    dtype = _decode_dtype(Q, decode_dtype)
+    codec = codec.to(device) if codec.device != device else codec
+    num_queries, query_len, dim = Q.shape
+    num_docs = cu.numel() - 1
+    Q_cast = Q.to(dtype)
+    if q_mask is not None:
+        # a zeroed query token scores exactly 0 against every document token: "adds nothing"
+        Q_cast = Q_cast * q_mask.unsqueeze(-1).to(dtype)
+    q_packed = Q_cast.reshape(num_queries * query_len, dim)
+    cu_q = torch.arange(num_queries + 1, device=device, dtype=torch.int64) * query_len
+    lengths = cu[1:] - cu[:-1]
+    if max_seqlen_d is None:
+        max_seqlen_d = int(lengths.max()) if num_docs else 0
+    tokens_per_chunk = max(1, _DECODE_CHUNK_BYTES // (dim * dtype.itemsize))
+    scores = []
+    start = 0
+    while start < num_docs:
+        # documents [start, stop) whose tokens fit the budget (at least one document)
+        limit = int(cu[start]) + max(tokens_per_chunk, int(lengths[start]))
+        stop = int(torch.searchsorted(cu, limit, right=True)) - 1
+        stop = min(num_docs, max(stop, start + 1))
+        lo, hi = int(cu[start]), int(cu[stop])
+        D = codec.decode(codes[lo:hi].to(device), residuals[lo:hi].to(device), normalize=normalize, dtype=dtype)
+        cu_chunk = (cu[start:stop + 1] - lo).to(device)
+        chunk_max = int(lengths[start:stop].max())
+        chunk_scores = _maxsim.maxsim_varlen(q_packed, D, cu_q, cu_chunk, max_seqlen_q=query_len,
+                                             max_seqlen_d=chunk_max)
+        scores.append(chunk_scores)
+        start = stop
+    out = torch.cat(scores, dim=1) if scores else torch.zeros(num_queries, 0, device=device)
+    return out[0] if single_query else out
+
+
+def centroid_scores(Q, codec):
+    """Q [Nq, Lq, d] -> [Nq, Lq, C] fp32 scores of every query token against every centroid."""
+    centroids = codec.centroids.to(Q.device).float()
+    return torch.matmul(Q.float(), centroids.T)
+
+
+def plaid_approx_score(Q, codes, cu_seqlens_d, codec, *, centroid_score_threshold=None, q_mask=None,
+                       scores=None):
+    """PLAID's approximate score from centroid codes alone: [Nq, Nd] fp32 ([Nd] for a 2-D Q).
+
+    For query token i and document j: max over j's tokens t of <Q_i, centroids[codes[t]]>, summed
+    over i. With centroid_score_threshold, a document token whose centroid scores below the
+    threshold against every token of that query is dropped (colbert-ai's pruning). A query token
+    that finds no document token (empty document, or all pruned) contributes -9999, as in
+    colbert-ai and fast-plaid; masked query tokens contribute 0. ``scores`` [Nq, Lq, C] may pass
+    precomputed centroid scores.
+    """
+    _check_codec(codec)
+    _check_query(Q, codec)
+    if not torch.is_tensor(codes) or codes.dim() != 1 or codes.dtype.is_floating_point:
+        raise ValueError("codes must be a [T] integer tensor")
+    cu = _check_cu_seqlens(cu_seqlens_d, codes.shape[0])
+    single_query = Q.dim() == 2
+    q_mask = _check_q_mask(q_mask, Q)
+    if single_query:
+        Q = Q.unsqueeze(0)
+        q_mask = None if q_mask is None else q_mask.unsqueeze(0)
+    device = Q.device
+    num_queries, query_len, _ = Q.shape
+    num_docs = cu.numel() - 1
+    if scores is None:
+        scores = centroid_scores(Q, codec)  # [Nq, Lq, C]
+    scores = scores.float()
+    if q_mask is not None:
+        scores = scores.masked_fill(~q_mask.unsqueeze(-1), float("-inf"))  # never decides keep/drop
+    keep = None
+    if centroid_score_threshold is not None:
+        keep = scores.amax(dim=1) >= float(centroid_score_threshold)  # [Nq, C]
+    rows = scores.reshape(num_queries * query_len, -1)  # [Nq*Lq, C]
+    best = torch.full((num_queries * query_len, num_docs), EMPTY_TOKEN_SCORE, device=device)
+    total = codes.shape[0]
+    doc_of_token = torch.repeat_interleave(torch.arange(num_docs, device=device),
+                                           (cu[1:] - cu[:-1]).to(device))  # [T]
+    tokens_per_chunk = max(1, _APPROX_CHUNK_BYTES // (4 * max(1, num_queries * query_len)))
+    for start in range(0, total, tokens_per_chunk):
+        stop = min(total, start + tokens_per_chunk)
+        chunk_codes = codes[start:stop].to(device).long()
+        gathered = rows[:, chunk_codes]  # [Nq*Lq, n]
+        if keep is not None:
+            kept = keep[:, chunk_codes]  # [Nq, n]
+            kept = kept.unsqueeze(1).expand(num_queries, query_len, -1).reshape(num_queries * query_len, -1)
+            gathered = gathered.masked_fill(~kept, float("-inf"))
+        index = doc_of_token[start:stop].unsqueeze(0).expand_as(gathered)
+        best.scatter_reduce_(1, index, gathered, reduce="amax", include_self=True)
+    best = best.reshape(num_queries, query_len, num_docs)
+    if q_mask is not None:
+        best = best.masked_fill(~q_mask.unsqueeze(-1), 0.0)
+    out = best.sum(dim=1)
+    return out[0] if single_query else out

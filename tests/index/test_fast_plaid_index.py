@@ -1,0 +1,173 @@
+"""fast-plaid index folders (v1.7 merged_*.npy with padding rows, and older per-chunk files).
+
+fast-plaid cannot be installed here (its wheels pin one torch version each), so these folders are
+written in its layout (rust/index/create.rs, python/fast_plaid/search/load.py) from our encoder.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import maxsim.index
+from maxsim.compressed import ResidualCodec
+
+
+def _write_fast_plaid(path, doc_lengths, chunk_sizes, *, nbits=2, dim=32, num_centroids=24, merged=False,
+                      keep_chunks=True):
+    os.makedirs(path, exist_ok=True)
+    centroids = torch.nn.functional.normalize(torch.randn(num_centroids, dim), dim=-1).half()
+    x = torch.nn.functional.normalize(torch.randn(sum(doc_lengths), dim), dim=-1)
+    cutoffs = torch.sort(torch.randn((1 << nbits) - 1) * 0.05).values
+    weights = torch.sort(torch.randn(1 << nbits) * 0.05).values
+    codec = ResidualCodec(centroids.float(), weights, nbits, bucket_cutoffs=cutoffs)
+    codes, residuals = codec.encode(x)
+    codes = codes.long()
+    np.save(os.path.join(path, "centroids.npy"), centroids.numpy())
+    np.save(os.path.join(path, "bucket_cutoffs.npy"), cutoffs.numpy())
+    np.save(os.path.join(path, "bucket_weights.npy"), weights.numpy())
+    np.save(os.path.join(path, "avg_residual.npy"), torch.rand(dim).half().numpy())
+    doc_offset = emb_offset = 0
+    for chunk, num_docs in enumerate(chunk_sizes):
+        lengths = doc_lengths[doc_offset:doc_offset + num_docs]
+        n = sum(lengths)
+        if keep_chunks:
+            np.save(os.path.join(path, f"{chunk}.codes.npy"), codes[emb_offset:emb_offset + n].numpy())
+            np.save(os.path.join(path, f"{chunk}.residuals.npy"), residuals[emb_offset:emb_offset + n].numpy())
+        json.dump(lengths, open(os.path.join(path, f"doclens.{chunk}.json"), "w"))
+        json.dump({"num_documents": num_docs, "num_embeddings": n, "embedding_offset": emb_offset},
+                  open(os.path.join(path, f"{chunk}.metadata.json"), "w"))
+        doc_offset, emb_offset = doc_offset + num_docs, emb_offset + n
+    if merged:
+        padding = max(doc_lengths) - doc_lengths[-1]
+        junk_codes = torch.randint(0, num_centroids, (padding,))
+        junk_res = torch.randint(0, 256, (padding, codec.packed_dim), dtype=torch.uint8)
+        np.save(os.path.join(path, "merged_codes.npy"), torch.cat([codes, junk_codes]).numpy())
+        np.save(os.path.join(path, "merged_residuals.npy"), torch.cat([residuals, junk_res]).numpy())
+    # IVF: sorted unique pids per centroid, as optimize_ivf writes them
+    pid_of_token = torch.repeat_interleave(torch.arange(len(doc_lengths)), torch.tensor(doc_lengths))
+    lists = [torch.unique(pid_of_token[codes == c]) for c in range(num_centroids)]
+    np.save(os.path.join(path, "ivf.npy"), torch.cat(lists).long().numpy())
+    np.save(os.path.join(path, "ivf_lengths.npy"), torch.tensor([len(v) for v in lists], dtype=torch.int32).numpy())
+    json.dump({"num_chunks": len(chunk_sizes), "nbits": nbits, "num_partitions": num_centroids,
+               "num_embeddings": emb_offset, "avg_doclen": emb_offset / len(doc_lengths),
+               "num_documents": len(doc_lengths), "compress_only": False},
+              open(os.path.join(path, "metadata.json"), "w"))
+    return codes, residuals, centroids, weights
+
+
+def _fast_plaid_decode(codes, residuals, centroids, weights, nbits):
+    """fast-plaid's decompress_residuals: fp16 centroids + fp16 bucket weights (its table), fp16 sum."""
+    per_byte = 8 // nbits
+    mask = (1 << nbits) - 1
+    rev = []
+    for byte in range(256):  # byte_reversed_bits_map: reverse the bits of each nbits field
+        out = 0
+        for field in range(per_byte):
+            seg = (byte >> (8 - (field + 1) * nbits)) & mask
+            seg_rev = int(format(seg, f"0{nbits}b")[::-1], 2)
+            out |= seg_rev << (8 - (field + 1) * nbits)
+        rev.append(out)
+    lookup = torch.tensor([[(b >> (k * nbits)) & mask for k in reversed(range(per_byte))] for b in range(256)])
+    buckets = lookup[torch.tensor(rev)[residuals.long()]].reshape(codes.numel(), -1)
+    return centroids.half()[codes] + weights.half()[buckets]
+
+
+@pytest.mark.parametrize("layout", ["chunks", "merged", "merged_only"])
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_reads_each_layout(tmp_path, layout, nbits):
+    doc_lengths = torch.randint(1, 25, (23,)).tolist()
+    doc_lengths[-1] = 1  # the merged files then carry max - 1 padding rows
+    codes, residuals, centroids, weights = _write_fast_plaid(
+        str(tmp_path), doc_lengths, [10, 13], nbits=nbits, merged=layout != "chunks",
+        keep_chunks=layout != "merged_only")
+    index = maxsim.index.load(tmp_path)
+    assert index.format == "fast-plaid" and len(index) == 23
+    assert index.doc_lengths.tolist() == doc_lengths
+    assert torch.equal(index.codes, codes) and torch.equal(index.residuals, residuals)
+    decoded = index.codec.decode(index.codes, index.residuals, normalize=False, dtype=torch.float16)
+    assert torch.equal(decoded, _fast_plaid_decode(codes, residuals, centroids, weights, nbits))
+    assert index.codec.centroids.dtype == torch.float16
+    codec = ResidualCodec.from_fast_plaid(tmp_path)
+    assert codec.nbits == nbits and torch.equal(codec.centroids.half(), centroids)
+
+
+def test_stale_merged_file_is_ignored_for_changed_chunks(tmp_path):
+    doc_lengths = [3, 5, 2]
+    codes, residuals, _, _ = _write_fast_plaid(str(tmp_path), doc_lengths, [3], merged=True)
+    json.dump({"0.codes.npy": {"rows": 10, "mtime": 1.0}}, open(tmp_path / "merged_codes.manifest.json", "w"))
+    np.save(tmp_path / "merged_codes.npy", np.zeros(13, dtype=np.int64))  # stale content
+    index = maxsim.index.load(tmp_path)
+    assert torch.equal(index.codes, codes)
+
+
+def test_search_settings_by_name_and_exhaustive_equivalence(tmp_path):
+    doc_lengths = torch.randint(1, 12, (60,)).tolist()
+    _write_fast_plaid(str(tmp_path), doc_lengths, [60], merged=True)
+    index = maxsim.index.load(tmp_path)
+    Q = torch.nn.functional.normalize(torch.randn(2, 5, 32), dim=-1)
+    scores, pids = index.search(Q, k=5, settings="fast-plaid")
+    exhaustive, _ = index.search(Q, k=5, ncells=24, centroid_score_threshold=None, ndocs=4 * 60,
+                                 decode_dtype=torch.float32)
+    decoded = index.codec.decode(index.codes, index.residuals, dtype=torch.float16).float()
+    for i in range(2):
+        brute = torch.stack([(Q[i].half().float() @ decoded[index.cu_seqlens[j]:index.cu_seqlens[j + 1]].T)
+                             .max(dim=1).values.sum() for j in range(60)])
+        for score, pid in zip(scores[i].tolist(), pids[i].tolist()):
+            assert brute[pid].item() == pytest.approx(score, abs=1e-3)
+        torch.testing.assert_close(exhaustive[i], torch.sort(brute, descending=True).values[:5], atol=1e-2, rtol=0)
+
+
+def test_errors_name_the_file(tmp_path):
+    good = tmp_path / "good"
+    _write_fast_plaid(str(good), [4, 2, 6], [2, 1])
+
+    def broken(name):
+        target = tmp_path / name
+        shutil.copytree(good, target)
+        return target
+
+    missing = broken("missing")
+    os.remove(missing / "1.codes.npy")
+    with pytest.raises(FileNotFoundError, match="1.codes.npy"):
+        maxsim.index.load(missing)
+    no_lengths = broken("no_lengths")
+    os.remove(no_lengths / "ivf_lengths.npy")
+    with pytest.raises(FileNotFoundError, match="ivf_lengths.npy"):
+        maxsim.index.load(no_lengths)
+    short = broken("short")
+    np.save(short / "merged_residuals.npy", np.zeros((5, 8), dtype=np.uint8))
+    with pytest.raises(ValueError, match="merged_residuals.npy"):
+        maxsim.index.load(short)
+    wrong_meta = broken("wrong_meta")
+    meta = json.load(open(wrong_meta / "metadata.json"))
+    meta["num_embeddings"] = 99
+    json.dump(meta, open(wrong_meta / "metadata.json", "w"))
+    with pytest.raises(ValueError, match="metadata.json"):
+        maxsim.index.load(wrong_meta)
+    bad_ivf = broken("bad_ivf")
+    np.save(bad_ivf / "ivf.npy", np.array([0, 1, 7], dtype=np.int64))
+    with pytest.raises(ValueError, match="ivf.npy"):
+        maxsim.index.load(bad_ivf)
+    bad_nbits = broken("bad_nbits")
+    meta = json.load(open(bad_nbits / "metadata.json"))
+    meta["nbits"] = 3
+    json.dump(meta, open(bad_nbits / "metadata.json", "w"))
+    with pytest.raises(ValueError, match="nbits"):
+        maxsim.index.load(bad_nbits)
+
+
+@pytest.mark.gpu
+def test_gpu_search_matches_cpu(tmp_path):
+    doc_lengths = torch.randint(1, 200, (3000,)).tolist()
+    _write_fast_plaid(str(tmp_path), doc_lengths, [1500, 1500], dim=128, num_centroids=512, merged=True)
+    cpu = maxsim.index.load(tmp_path)
+    gpu = maxsim.index.load(tmp_path, device="cuda")
+    Q = torch.nn.functional.normalize(torch.randn(4, 32, 128), dim=-1)
+    cpu_scores, cpu_pids = cpu.search(Q, k=10, settings="fast-plaid", decode_dtype=torch.float16)
+    gpu_scores, gpu_pids = gpu.search(Q.cuda().half(), k=10, settings="fast-plaid")
+    torch.testing.assert_close(gpu_scores.cpu(), cpu_scores, atol=2e-3, rtol=0)
+    assert (gpu_pids.cpu() == cpu_pids).float().mean() >= 0.9
