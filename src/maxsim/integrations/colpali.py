@@ -1,0 +1,159 @@
+"""Drop-in maxsim for colpali-engine 0.3.18 (``colpali_engine.utils.maxsim`` and
+``BaseVisualRetrieverProcessor.score_multi_vector``).
+
+    from maxsim.integrations import colpali as maxsim_colpali
+    maxsim_colpali.patch()      # processor.score, score_multi_vector, the Colbert* losses run maxsim
+    maxsim_colpali.unpatch()
+
+colpali has no masks: padding is zero rows, and a zero row takes part in the max like any other
+token (its similarity is 0). The functions below keep exactly that:
+
+- ``maxsim_inbatch`` / ``maxsim_kd``: every row of the padded tensors is a token; the result has
+  the dtype colpali's einsum gives (the inputs' dtype), accumulated in fp32;
+- ``score_multi_vector``: colpali pads each chunk of ``batch_size`` passages to that chunk's
+  longest, so a passage shorter than its chunk's longest also "contains" zero tokens, and its
+  score depends on the chunking. This is reproduced exactly, in one maxsim call per group of
+  chunks: the passages are padded to the longest, and a mask keeps each passage's tokens up to
+  its chunk's longest (the chunk's zero padding included) and excludes the rest. Output fp32 on
+  the CPU, as colpali's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import maxsim
+from maxsim.integrations._common import PatchSet, as_compute, compute_dtype, rebind_everywhere
+
+__all__ = ["score_multi_vector", "maxsim_inbatch", "maxsim_kd", "patch", "unpatch"]
+
+_PATCHES = PatchSet()
+# Upper bound on the padded passages handed to one maxsim call (elements), to bound memory.
+_GROUP_ELEMENTS = 1 << 28
+
+
+def _check(tensor, ndim: int, name: str, layout: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
+    if tensor.dim() != ndim:
+        raise ValueError(f"{name} must be {layout}; got shape {tuple(tensor.shape)}")
+
+
+def maxsim_inbatch(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
+    """``colpali_engine.utils.maxsim.maxsim_inbatch``: zero-padded ``query [B_q, L_q, d]`` x
+    ``doc [B_d, L_d, d]`` -> ``[B_q, B_d]`` (every row a token: padding scores 0 in the max)."""
+    _check(query, 3, "query", "[B_q, L_q, d]")
+    _check(doc, 3, "doc", "[B_d, L_d, d]")
+    dtype = compute_dtype(query, doc)
+    scores = maxsim.maxsim(as_compute(query, dtype), as_compute(doc, dtype))  # [B_q, B_d] fp32
+    return scores.to(torch.promote_types(query.dtype, doc.dtype))
+
+
+def maxsim_kd(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
+    """``colpali_engine.utils.maxsim.maxsim_kd``: ``query [B, L_q, d]`` x each query's candidates
+    ``doc [B, N, L_d, d]`` -> ``[B, N]``."""
+    _check(query, 3, "query", "[B, L_q, d]")
+    _check(doc, 4, "doc", "[B, N, L_d, d]")
+    dtype = compute_dtype(query, doc)
+    scores = maxsim.maxsim(as_compute(query, dtype), as_compute(doc, dtype))  # [B, N] fp32
+    return scores.to(torch.promote_types(query.dtype, doc.dtype))
+
+
+def _default_device() -> str:
+    # colpali's get_torch_device("auto"): cuda:0, else mps, else cpu.
+    if torch.cuda.is_available():
+        return "cuda:0"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def _items(embeddings, name: str) -> list[torch.Tensor]:
+    items = list(embeddings)  # a list, or the rows of a padded [N, L, d] tensor
+    for i, item in enumerate(items):
+        if not isinstance(item, torch.Tensor) or item.dim() != 2:
+            raise ValueError(f"{name}[{i}] must be a [L, d] tensor; got {type(item).__name__} "
+                             f"{tuple(getattr(item, 'shape', ()))}")
+    return items
+
+
+def score_multi_vector(
+    qs: torch.Tensor | list[torch.Tensor],
+    ps: torch.Tensor | list[torch.Tensor],
+    batch_size: int = 128,
+    device: str | torch.device | None = None,
+) -> torch.Tensor:
+    """``BaseVisualRetrieverProcessor.score_multi_vector``: queries ``qs`` x passages ``ps`` (lists
+    of ``[L_i, d]`` tensors, or padded ``[N, L, d]`` tensors) -> ``[len(qs), len(ps)]`` fp32 on the
+    CPU, with colpali's per-chunk zero padding (see the module docstring). ``device`` None: cuda,
+    else mps, else cpu."""
+    device = device or _default_device()
+    if len(qs) == 0:
+        raise ValueError("No queries provided")
+    if len(ps) == 0:
+        raise ValueError("No passages provided")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    queries = _items(qs, "qs")
+    passages = _items(ps, "ps")
+    dtype = compute_dtype(*queries[:1], *passages[:1])
+    # Zero query rows add max(0 . p) = 0 whatever the padding, so one padded tensor serves.
+    query_batch = torch.nn.utils.rnn.pad_sequence(queries, batch_first=True).to(device)  # [Nq, Lq, d]
+    query_batch = as_compute(query_batch, dtype)
+
+    lengths = torch.tensor([p.shape[0] for p in passages])  # [Np]
+    chunk_longest = torch.stack([chunk.max() for chunk in lengths.split(batch_size)])  # [ceil(Np / batch_size)]
+    visible = chunk_longest.repeat_interleave(batch_size)[: len(passages)]  # [Np]: tokens each passage shows
+
+    dim = passages[0].shape[-1]
+    chunks_per_group = max(1, _GROUP_ELEMENTS // max(1, batch_size * int(chunk_longest.max()) * dim))
+    group_size = chunks_per_group * batch_size
+    score_groups = []
+    for start in range(0, len(passages), group_size):
+        group = passages[start : start + group_size]
+        padded = torch.nn.utils.rnn.pad_sequence(group, batch_first=True).to(device)  # [G, Lg, d]
+        positions = torch.arange(padded.shape[1], device=padded.device)  # [Lg]
+        group_visible = visible[start : start + group_size].to(padded.device)
+        mask = positions.unsqueeze(0) < group_visible.unsqueeze(1)  # [G, Lg]: real or the chunk's zero padding
+        scores = maxsim.maxsim(query_batch, as_compute(padded, dtype), None, mask)  # [Nq, G] fp32
+        score_groups.append(scores.cpu())
+    return torch.cat(score_groups, dim=1).to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# patch / unpatch
+
+
+def patch() -> None:
+    """Make colpali's late-interaction scoring run maxsim. Reaches ``colpali_engine.utils.maxsim``
+    and every module that imported its functions (``utils.processing_utils``,
+    ``loss.late_interaction_losses``), and ``BaseVisualRetrieverProcessor.score_multi_vector``
+    (hence every processor's ``score``). Calling it again does nothing; ``unpatch()`` restores
+    every original object."""
+    if _PATCHES.active:
+        return
+    from colpali_engine.loss import late_interaction_losses  # noqa: F401  (binds the functions at import)
+    from colpali_engine.utils import maxsim as colpali_maxsim
+    from colpali_engine.utils import processing_utils
+
+    replacements = {
+        colpali_maxsim.maxsim_inbatch: maxsim_inbatch,
+        colpali_maxsim.maxsim_kd: maxsim_kd,
+    }
+    try:
+        rebind_everywhere(_PATCHES, "colpali_engine", replacements)
+        _PATCHES.replace(
+            processing_utils.BaseVisualRetrieverProcessor, "score_multi_vector", staticmethod(score_multi_vector)
+        )
+    except BaseException:
+        _PATCHES.restore()
+        raise
+
+
+def unpatch() -> None:
+    """Undo ``patch()``; safe to call when not patched."""
+    _PATCHES.restore()
+
+
+def is_patched() -> bool:
+    return _PATCHES.active

@@ -1,0 +1,111 @@
+"""GPU tier: the integrations on CUDA tensors (Triton kernels) at real shapes, against each
+library's own torch path on the same GPU. Skipped without CUDA; each test skips when its library
+is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _shared import relative_error
+
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+
+def _unit(*shape, dtype=torch.float32):
+    return torch.nn.functional.normalize(torch.randn(*shape, device=CUDA), dim=-1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_pylate_scores_kd_and_training_gradients(dtype):
+    pylate_scores = pytest.importorskip("pylate.scores")
+    from maxsim.integrations import pylate as mp
+
+    Q, D = _unit(32, 32, 128, dtype=dtype), _unit(256, 180, 128, dtype=dtype)
+    q_mask = torch.rand(32, 32, device=CUDA) > 0.1
+    d_mask = (torch.rand(256, 180, device=CUDA) > 0.3).float()
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    expected = pylate_scores.colbert_scores(Q, D, q_mask, d_mask, backend="torch")
+    actual = mp.colbert_scores(Q, D, q_mask, d_mask)
+    assert actual.dtype == expected.dtype and actual.device == expected.device
+    torch.testing.assert_close(actual.float(), expected.float(), **tol)
+    C = _unit(32, 16, 180, 128, dtype=dtype)
+    c_mask = torch.rand(32, 16, 180, device=CUDA) > 0.3
+    torch.testing.assert_close(mp.colbert_kd_scores(Q, C, q_mask, c_mask).float(),
+                               pylate_scores.colbert_kd_scores(Q, C, q_mask, c_mask, backend="torch").float(), **tol)
+
+    if dtype != torch.float32:
+        return
+    # A Contrastive-shaped step: in-batch ColBERTScores, fp32, gradients into both sides.
+    Q0, D0 = _unit(32, 32, 128), _unit(32, 2, 180, 128)
+    stacked_mask = torch.rand(32, 2, 180, device=CUDA) > 0.3
+
+    def step(scorer, **kwargs):
+        queries, documents = Q0.clone().requires_grad_(True), D0.clone().requires_grad_(True)
+        scores = scorer(queries, documents, None, stacked_mask, **kwargs)
+        loss = torch.nn.functional.cross_entropy(scores, torch.arange(32, device=CUDA) * 2)
+        loss.backward()
+        return loss.detach(), queries.grad, documents.grad
+
+    for actual, expected in zip(step(mp.ColBERTScores()), step(pylate_scores.ColBERTScores(), backend="torch")):
+        assert relative_error(actual, expected) < 1e-4
+
+
+def test_sentence_transformers_maxsim_on_cuda():
+    pytest.importorskip("sentence_transformers", minversion="6.0")
+    from sentence_transformers.util import similarity as st_similarity
+
+    from maxsim.integrations import sentence_transformers as ms
+
+    queries = [_unit(n, 128) for n in torch.randint(4, 33, (16,)).tolist()]
+    documents = [_unit(n, 128) for n in torch.randint(1, 301, (500,)).tolist()]
+    expected = st_similarity.maxsim(queries, documents, length_normalize=True)
+    actual = ms.maxsim(queries, documents, length_normalize=True)
+    assert actual.device.type == "cuda" and actual.dtype == torch.float32
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    a, b = _unit(64, 32, 128, dtype=torch.bfloat16), _unit(64, 180, 128, dtype=torch.bfloat16)
+    assert relative_error(ms.maxsim_pairwise(a, b), st_similarity.maxsim_pairwise(a, b)) < 5e-2
+
+
+def test_colpali_score_multi_vector_1k_pages_and_loss():
+    pytest.importorskip("colpali_engine.utils.maxsim")
+    from colpali_engine.loss.late_interaction_losses import ColbertLoss
+    from colpali_engine.utils.processing_utils import BaseVisualRetrieverProcessor
+
+    from maxsim.integrations import colpali as mc
+
+    queries = [_unit(n, 128, dtype=torch.bfloat16) for n in torch.randint(10, 30, (8,)).tolist()]
+    pages = [_unit(n, 128, dtype=torch.bfloat16) for n in torch.randint(700, 1031, (1000,)).tolist()]
+    mc.unpatch()
+    import os
+
+    previous = os.environ.get("COLPALI_SCORES_BACKEND")
+    os.environ["COLPALI_SCORES_BACKEND"] = "torch"
+    try:
+        expected = BaseVisualRetrieverProcessor.score_multi_vector(queries, pages, device=CUDA)
+        actual = mc.score_multi_vector(queries, pages, device=CUDA)
+        assert actual.device.type == "cpu" and actual.dtype == torch.float32
+        assert relative_error(actual, expected) < 5e-2  # colpali rounds its bf16 einsum; maxsim is fp32
+        exact = BaseVisualRetrieverProcessor.score_multi_vector([q.float() for q in queries], [p.float() for p in pages],
+                                                                device=CUDA)
+        torch.testing.assert_close(actual, exact, atol=1e-3, rtol=1e-4)
+
+        Q0, D0 = _unit(32, 24, 128), _unit(32, 1030, 128)
+
+        def step():
+            q, d = Q0.clone().requires_grad_(True), D0.clone().requires_grad_(True)
+            loss = ColbertLoss()(q, d)
+            loss.backward()
+            return loss.detach(), q.grad, d.grad
+
+        expected_step = step()
+        mc.patch()
+        for got, want in zip(step(), expected_step):
+            assert relative_error(got, want) < 1e-4
+    finally:
+        mc.unpatch()
+        if previous is None:
+            os.environ.pop("COLPALI_SCORES_BACKEND", None)
+        else:
+            os.environ["COLPALI_SCORES_BACKEND"] = previous
