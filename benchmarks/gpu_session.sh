@@ -2,6 +2,8 @@
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
 #   bash benchmarks/gpu_session.sh [tests] [bench] [train] [varlen] [sweep] [sweeppeers] [shapes]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
+# NVLink multicast stays off (the device notes require it for every NCCL run).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim-out}; mkdir -p "$OUT"
@@ -16,8 +18,10 @@ bench() { python3 -m maxsim bench --out "$OUT" "$@"; }
 status=0
 for step in "$@"; do
   case "$step" in
-    tests) python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py tests -rs --durations=15 2>&1 \
-             | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
+    # TESTS: the test paths (default: all); TEST_TIMEOUT: seconds before the run is stopped.
+    tests) timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py \
+             ${TESTS:-tests} -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 \
+             || status=1 ;;
     bench) bench 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     train) bench --mode train --quick --timeout 45 --pin-cpu "${PIN_CPU:-2}" ${TRAIN_SHAPES:+--shapes $TRAIN_SHAPES} ${TRAIN_ARGS:-} \
              2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import maxsim.index
+from colbert_built import colbert_built_index  # noqa: F401  (the fixture: an index colbert-ai built)
 from maxsim.compressed import ResidualCodec
 
 
