@@ -49,14 +49,14 @@ def test_search_modes_equal_exhaustive(tmp_path, integer, budget):
     ids = [f"doc-{j}" for j in range(150)]
     corpus = Corpus.from_list(docs, ids=ids)
     # Resident (CPU) corpus, in-memory search with small budgets (many chunks, query batches).
-    assert_same(corpus.search(queries, 25, gpu_memory=budget, progress=False), want, ids, integer)
-    assert_same(corpus.search(queries, 25, gpu_memory=budget, batch_size=2, progress=False), want, ids, integer)
+    assert_same(corpus.search(queries, 25, gpu_memory=budget, progress=False, device="cpu"), want, ids, integer)
+    assert_same(corpus.search(queries, 25, gpu_memory=budget, batch_size=2, progress=False, device="cpu"), want, ids, integer)
     # Saved, then memory-mapped and read into memory.
     corpus.save(tmp_path / "c")
     for mmap in (True, False):
         loaded = Corpus.load(tmp_path / "c", mmap=mmap)
         assert loaded.is_mapped == mmap
-        assert_same(loaded.search(queries, 25, gpu_memory=budget, progress=False), want, ids, integer)
+        assert_same(loaded.search(queries, 25, gpu_memory=budget, progress=False, device="cpu"), want, ids, integer)
 
 
 def test_padded_and_numpy_constructors(tmp_path):
@@ -65,7 +65,7 @@ def test_padded_and_numpy_constructors(tmp_path):
     Q, q_mask = torch.randn(3, 4, 8), torch.rand(3, 4) > 0.2
     want = sorted_topk(maxsim.maxsim(Q, D, q_mask, d_mask), 9)
     for corpus in (Corpus.from_padded(D, d_mask), Corpus.from_padded(D.numpy(), d_mask.numpy().astype(np.int64))):
-        r = corpus.search(Q, 9, q_mask=q_mask, progress=False)
+        r = corpus.search(Q, 9, q_mask=q_mask, progress=False, device="cpu")
         # Packed scoring of the same real tokens; exact on integer inputs, fp32-close here.
         assert torch.equal(r.indices, want[1]) and torch.allclose(r.scores, want[0], atol=1e-5)
         assert torch.equal(r.ids, want[1])  # default ids 0 .. N-1
@@ -83,10 +83,10 @@ def test_bf16_and_append_round_trip(tmp_path):
     loaded = Corpus.load(tmp_path / "c")
     assert loaded.dtype == torch.bfloat16 and len(loaded.segments) == 2 and len(loaded) == 50
     want = sorted_topk(maxsim.maxsim_varlen(queries, docs + more), 50)
-    assert_same(loaded.search(queries, 50, gpu_memory=20_000, progress=False), want, list(range(50)))
+    assert_same(loaded.search(queries, 50, gpu_memory=20_000, progress=False, device="cpu"), want, list(range(50)))
     # In-memory append gives the same corpus.
     mem = Corpus.from_list(docs).append(more)
-    assert_same(mem.search(queries, 50, progress=False), want, list(range(50)))
+    assert_same(mem.search(queries, 50, progress=False, device="cpu"), want, list(range(50)))
     assert torch.equal(loaded.embeddings, mem.embeddings)
 
 
@@ -94,7 +94,7 @@ def test_interrupted_append_keeps_the_corpus(tmp_path, monkeypatch):
     docs = random_docs(20)
     queries = random_docs(3)
     Corpus.from_list(docs, ids=[f"a{j}" for j in range(20)]).save(tmp_path / "c")
-    before = Corpus.load(tmp_path / "c").search(queries, 5, progress=False)
+    before = Corpus.load(tmp_path / "c").search(queries, 5, progress=False, device="cpu")
 
     calls = {"n": 0}
     real = corpus_format._write_array
@@ -122,7 +122,7 @@ def test_interrupted_append_keeps_the_corpus(tmp_path, monkeypatch):
 
     after = Corpus.load(tmp_path / "c")  # orphans of both attempts do not matter
     assert len(after) == 20
-    r = after.search(queries, 5, progress=False)
+    r = after.search(queries, 5, progress=False, device="cpu")
     assert torch.equal(r.indices, before.indices) and torch.equal(r.scores, before.scores) and r.ids == before.ids
     # The next append succeeds and removes the orphans.
     Corpus.from_list(random_docs(5), ids=[f"d{j}" for j in range(5)]).save(tmp_path / "c", append=True)
@@ -233,7 +233,7 @@ def test_progress_bar_and_ctrl_c(monkeypatch, capsys):
     docs, queries = random_docs(60, integer=True), random_docs(2, integer=True)
     corpus = Corpus.from_list(docs)
     want = sorted_topk(maxsim.maxsim_varlen(queries, docs), 5)
-    assert_same(corpus.search(queries, 5, gpu_memory=3000, progress=True), want)
+    assert_same(corpus.search(queries, 5, gpu_memory=3000, progress=True, device="cpu"), want)
     assert "maxsim search" in capsys.readouterr().err
     calls = {"n": 0}
     real = stream.score_packed_chunk
@@ -246,6 +246,6 @@ def test_progress_bar_and_ctrl_c(monkeypatch, capsys):
 
     monkeypatch.setattr(stream, "score_packed_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        corpus.search(queries, 5, gpu_memory=3000, progress=True)
+        corpus.search(queries, 5, gpu_memory=3000, progress=True, device="cpu")
     monkeypatch.undo()
-    assert_same(corpus.search(queries, 5, gpu_memory=3000, progress=False), want)
+    assert_same(corpus.search(queries, 5, gpu_memory=3000, progress=False, device="cpu"), want)

@@ -44,10 +44,10 @@ def _worker(rank, world, port, seed, path, results):
         out = {}
         # The whole corpus, sharded by the function; and a memory-mapped file each rank maps.
         corpus = Corpus.from_list(docs, ids=[f"d{j}" for j in range(len(docs))])
-        r = distributed_search(corpus, queries, 20, gpu_memory=4000, progress=False)
+        r = distributed_search(corpus, queries, 20, gpu_memory=4000, progress=False, device="cpu")
         out["memory"] = (r.scores, r.indices, r.ids)
         shard = Corpus.load(path, mmap=True).shard(rank, world)
-        r = distributed_search(shard, queries, 100, progress=False)
+        r = distributed_search(shard, queries, 100, progress=False, device="cpu")
         out["mmap"] = (r.scores, r.indices, r.ids)
         results[rank] = out
         dist.destroy_process_group()
