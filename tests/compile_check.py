@@ -35,6 +35,9 @@ from maxsim.dense.forward import _maxsim_fwd_kernel
 from maxsim.dense.forward_ws import WS_MAXNREG, WS_SUB_TILES, _maxsim_fwd_ws_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
+from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
+from maxsim.chamfer.forward import _chamfer_fwd_kernel
+from maxsim.head.forward import _head_fwd_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -165,12 +168,46 @@ def varlen_variants():
         yield f"varlen bwd owned to_q={to_q}", _varlen_bwd_owned_kernel, dict(BD=128, CROSS=False, TO_Q=to_q), optrs, 1
 
 
+def chamfer_variants():
+    """The Chamfer family (maxsim/chamfer/): the direct and dot forwards, both backwards."""
+    base = dict(D=3, BM=64, BN=64, BK=16, NUM_K=1, NORM=2, DOT=False, BOTH=True, DOT_PRECISION="ieee", DOT_UPCAST=False)
+    fptrs = dict(x_ptr="fp32", y_ptr="fp32", xlen_ptr="i64", ylen_ptr="i64", dist_x_ptr="fp32", idx_x_ptr="i32",
+                 dist_y_ptr="fp32", idx_y_ptr="i32")
+    yield "chamfer fwd direct D=3 fp32", _chamfer_fwd_kernel, base, fptrs, 8
+    yield "chamfer fwd direct L1 D=3 bf16", _chamfer_fwd_kernel, dict(base, NORM=1), dict(fptrs, x_ptr="bf16", y_ptr="bf16"), 4
+    yield "chamfer fwd dot D=128 bf16", _chamfer_fwd_kernel, dict(base, D=128, BM=128, BK=64, NUM_K=2, DOT=True,
+                                                                  DOT_PRECISION="tf32"), \
+        dict(fptrs, x_ptr="bf16", y_ptr="bf16"), 8
+    yield "chamfer fwd dot D=64 fp32 ieee", _chamfer_fwd_kernel, dict(base, D=64, BN=32, BK=64, DOT=True), fptrs, 4
+    bptrs = dict(src_ptr="fp32", tgt_ptr="fp32", idx_ptr="i32", g_ptr="fp32", gsrc_ptr="fp32", gtgt_ptr="fp32")
+    yield "chamfer bwd atomic", _chamfer_bwd_atomic_kernel, dict(D=3, BR=64, BD=4, NORM=2, ACCUMULATE=True), bptrs, 4
+    optrs = dict(p_ptr="bf16", q_ptr="bf16", idx_ptr="i32", gp_ptr="fp32", order_ptr="i64", rowptr_ptr="i64",
+                 gq_ptr="fp32", out_ptr="bf16")
+    yield "chamfer bwd owned", _chamfer_bwd_owned_kernel, dict(D=3, BR=64, BD=4, NORM=1, HAS_OWN=True,
+                                                               HAS_ENTRIES=True), optrs, 4
+
+
+def head_variants():
+    """maxsim_from_hidden's fused head (maxsim/head/forward.py): one query, 128 rows with masks, fp32."""
+    base = dict(BM=32, BN=128, BD=128, BKM=64, NUM_KM=12, SEG=32, HAS_QMASK=False, HAS_DMASK=False, HAS_BIAS=True,
+                MULTIPLY=False, NORMALIZE=True, SAVE_ARGMAX=False, EVEN_KM=True, DOT_PRECISION="tf32",
+                DOT_UPCAST=False)
+    ptrs = dict(q_ptr="bf16", h_ptr="bf16", w_ptr="bf16", b_ptr="bf16", qmask_ptr="i1", dmask_ptr="i1",
+                out_ptr="fp32", argmax_ptr="i32")
+    yield "head fwd one query d_model 768", _head_fwd_kernel, base, ptrs, 8, 2
+    yield "head fwd 128 rows masks argmax", _head_fwd_kernel, dict(base, BM=128, BN=64, SEG=32, HAS_QMASK=True,
+                                                                   HAS_DMASK=True, SAVE_ARGMAX=True), ptrs, 8, 2
+    yield "head fwd fp32 ieee", _head_fwd_kernel, dict(base, BN=32, BKM=16, NUM_KM=48, DOT_PRECISION="ieee"), \
+        {k: ("fp32" if v == "bf16" else v) for k, v in ptrs.items()}, 8, 2
+
+
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
 EXPECT_WGMMA = {
     "fwd short stacked (32q x 100K)", "fwd long query (ColPali)", "fwd 128 rows running max", "fwd d=768",
     "fwd masks+multiply+normalize", "fwd argmax (training)", "fwd argmax in-batch 128-token queries",
     "fwd argmax running max", "fwd TMA short stacked (32q x 100K)", "fwd TMA long query in-batch",
     "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
+    "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax",
 }
 
 
@@ -211,6 +248,8 @@ def all_variants():
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in backward_variants()]
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in varlen_variants()]
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in ws_variants()]
+    jobs += [(name, k, c, p, w, 2) for name, k, c, p, w in chamfer_variants()]
+    jobs += list(head_variants())
     return jobs
 
 

@@ -5,9 +5,12 @@
 
 from maxsim import compressed, index, reference
 from maxsim.compressed import ResidualCodec, maxsim_residual, maxsim_residual_varlen, plaid_approx_score
+from maxsim.chamfer import chamfer_distance
 from maxsim.dense.ops import maxsim
+from maxsim.head import maxsim_from_hidden
 from maxsim.search import Corpus, topk
 from maxsim.selection import explain
+from maxsim.selection.head import explain_from_hidden
 from maxsim.varlen.ops import maxsim_varlen, score_pairs_packed
 from maxsim.varlen.packing import pack, packed_to_padded, pad, padded_to_packed
 from maxsim.warmup import warmup
@@ -16,6 +19,9 @@ __version__ = "0.1.0"
 __all__ = [
     "maxsim",
     "explain",
+    "maxsim_from_hidden",
+    "explain_from_hidden",
+    "chamfer_distance",
     "topk",
     "Corpus",
     "maxsim_varlen",

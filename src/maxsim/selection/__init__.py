@@ -82,8 +82,9 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
     family = gpu
     if family is None and backend == "triton":
         family = "interpreter" if interpreting() else None
-    if family is None and backend == "reference":
-        words = f"reference (tensors on {device}: the chunked PyTorch backend runs; pass gpu='sm90' to see a GPU's plan)"
+    if family is None and backend != "triton":
+        words = (f"{backend} (tensors on {device} run the PyTorch {backend} backend, no kernel; "
+                 "pass gpu='sm90' to see a GPU's plan)")
         return Explanation(header, None, None, words)
     backend_words = "Triton kernels" + (f", as {family} would run them" if gpu else "")
     if packed:

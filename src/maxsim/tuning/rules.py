@@ -23,6 +23,7 @@ class When:
     big_corpus: at least ``BIG_CORPUS_TOKENS`` document tokens.  argmax: the forward saves the
     argmax (training).  candidates: per-query candidate lists.  lq: the query length.
     scatter: the backward adds grad_D by atomics (unified).  per_row: entries per grad_D row.
+    row_blocks: how many query row blocks read (and, in the fused head, project) each document tile.
     """
 
     dtype: str | None = None
@@ -35,6 +36,7 @@ class When:
     lq: tuple[int, int] | None = None
     scatter: bool | None = None
     per_row: tuple[float, float] | None = None
+    row_blocks: tuple[int, int] | None = None
 
     def holds(self, features: dict) -> bool:
         for name, want in self.__dict__.items():

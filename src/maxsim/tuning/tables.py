@@ -153,6 +153,66 @@ VARLEN_FORWARD_SM90 = (
 VARLEN_ATOMIC_BACKWARD = (Rule("atomics", When(), _T(BR_MAX=16, ELEMENTS=4096, PAIRS_MAX=64, num_warps=4)),)
 VARLEN_OWNED_BACKWARD = (Rule("d <= 128", When(d=(1, 128)), _T(num_warps=1)), Rule("wider", When(), _T(num_warps=4)))
 
+# --- fused document head (maxsim_from_hidden) ----------------------------------------------
+
+# BM: query rows a program; BN: document tokens a tile (its projection [BN, d] stays on chip, fp32);
+# BKM: d_model dims a step of the projection's K-loop. BN is wide so that each read of W (from L2)
+# serves many tokens.
+
+_T = dict
+HEAD_FORWARD_SM90 = (
+    # fp32: IEEE dots on the FMA units; at 32 x 32 tiles the fp32 operands still spill a little
+    # (tests/compile_check.py), bigger blocks spill more.
+    Rule("fp32 (IEEE dots on the FMA units)", When(dtype="fp32"),
+         _T(BM=32, BN=32, BKM=16, num_warps=8, num_stages=2)),
+    Rule("stacked query rows", When(rows=(128, INF)), _T(BM=128, BN=64, BKM=64, num_warps=8, num_stages=2)),
+    Rule("few query rows", When(), _T(BM="rows", BN=128, BKM=64, num_warps=8, num_stages=2)),
+)
+
+# --- fused or project once -----------------------------------------------------------------------
+# The fused kernel projects every document tile once per query row block that reads it (2 d_model d
+# flops a token each time); projecting once instead writes D [Nd, Ld, d] and reads it back two
+# or three times (F.normalize, maxsim), and holds it. On an H200 one projection of a token at
+# d_model 768, d 128 costs about what that memory traffic does, so fusion starts out allowed up
+# to two row blocks. A starting point, to be measured.
+
+HEAD_FUSION_SM90 = (
+    Rule("one or two query row blocks read each document tile", When(row_blocks=(1, 2)), _T(fuse=True)),
+    Rule("many query row blocks would each project every document tile", When(), _T(fuse=False)),
+)
+
+# --- Chamfer distance ---------------------------------------------------------------------------
+
+# norm 2 up to this many coordinates runs the direct-difference kernel (2 D flops a pair, exact
+# in fp32); wider points run the tl.dot kernel (tensor cores for 16-bit inputs).
+CHAMFER_DIRECT_MAX_D = 16
+
+_T = dict  # (readability)
+
+# The direct kernel: BM points of the source cloud a program against BN-point tiles of the other;
+# the running min and its tile index are [BM, BN] (elementwise: three instructions a pair).
+CHAMFER_DIRECT_SM90 = (
+    Rule("few coordinates (3-D points)", When(d=(1, 8)), _T(BM=64, BN=64, num_warps=8, num_stages=2)),
+    Rule("wider points", When(), _T(BM=64, BN=32, num_warps=4, num_stages=2)),
+)
+
+# The dot kernel: BK coordinates a dot ("d<=64": the next power of two, 16 to 64; wider loops).
+CHAMFER_DOT_SM90 = (
+    Rule("fp32 (IEEE dots on the FMA units)", When(dtype="fp32"),
+         _T(BM=64, BN=32, BK="d<=64", num_warps=4, num_stages=2)),
+    Rule("16-bit (tensor cores)", When(), _T(BM=128, BN=64, BK="d<=64", num_warps=8, num_stages=3)),
+)
+
+# The backward kernels: BR points a program (a [BR, BD] block of coordinates).
+CHAMFER_BACKWARD = (
+    Rule("points", When(), _T(BR=64, num_warps=4)),
+)
+
+# Other GPUs than Hopper: the sm90 choice clamped; the interpreter: small tiles, so that the CPU
+# tests cross tile edges with small clouds.
+CHAMFER_UNMEASURED_CLAMP = dict(BM_MAX=64, BN_MAX=64, STAGES_MAX=2)
+CHAMFER_INTERPRETER_CLAMP = dict(BM_MAX=16, BN_MAX=16, BR_MAX=16, num_warps=4, num_stages=1)
+
 # --- families ----------------------------------------------------------------------------------
 
 # Applied to the sm90 choice on GPUs nobody measured: what every CUDA GPU from sm80 on holds.

@@ -1,0 +1,172 @@
+"""Chamfer distance on the GPU: maxsim.chamfer_distance against torch.cdist + min (where the
+[N, M] matrix fits) and flash-maxsim's flash_chamfer (when installed), forward and forward +
+backward; median milliseconds (triton.testing.do_bench) and peak memory, as a table.
+
+    python benchmarks/chamfer_bench.py                      # the issue's two shapes, fp32
+    python benchmarks/chamfer_bench.py --dtype bfloat16 --shapes 8x16384x16384x3
+    python benchmarks/chamfer_bench.py --sweep              # time the forward kernel's tile choices
+
+flash_chamfer takes one pair of clouds [N, d], [M, d] (no batch): a batch runs as a loop over it.
+It casts fp32 inputs to fp16 for its dot, so its fp32 numbers are not exact; the table's ``err``
+column is each provider's relative error of the loss against a float64 value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+DEFAULT_SHAPES = ("8x16384x16384x3", "1x100000x100000x3")
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    B, N, M, D = (int(v) for v in text.lower().split("x"))
+    return B, N, M, D
+
+
+def maxsim_loss(x, y, deterministic=False):
+    import maxsim.chamfer
+
+    return maxsim.chamfer.chamfer_distance(x, y, deterministic=deterministic)[0]
+
+
+def cdist_loss(x, y):
+    d = torch.cdist(x.float(), y.float()) ** 2  # [B, N, M]
+    return d.min(2).values.mean(1).mean() + d.min(1).values.mean(1).mean()
+
+
+def flash_loss(x, y, train: bool):
+    import flash_maxsim
+
+    fn = flash_maxsim.flash_chamfer_train if train else flash_maxsim.flash_chamfer
+    return torch.stack([fn(x[b], y[b]) for b in range(x.shape[0])]).mean()
+
+
+def float64_loss(x, y) -> float:
+    """The default loss in float64 by chunked direct differences (slow, once per shape)."""
+    total = 0.0
+    for b in range(x.shape[0]):
+        for a, c in ((x[b], y[b]), (y[b], x[b])):
+            c64 = c.double()
+            mins = [torch.cdist(a[s:s + 2048].double(), c64, compute_mode="donot_use_mm_for_euclid_dist").min(1).values
+                    for s in range(0, a.shape[0], 2048)]
+            total += float((torch.cat(mins) ** 2).mean())
+    return total / x.shape[0]
+
+
+def fits(B, N, M, factor=3) -> bool:
+    """Whether the naive path's [B, N, M] fp32 matrices fit in the free memory."""
+    free, _ = torch.cuda.mem_get_info()
+    return B * N * M * 4 * factor < 0.8 * free
+
+
+def measure(fn, train: bool, x, y):
+    """(median ms, peak MiB above the inputs, the loss) of fn(x, y) (+ backward when train)."""
+    from triton.testing import do_bench
+
+    xs, ys = (x.detach().requires_grad_(), y.detach().requires_grad_()) if train else (x, y)
+
+    def step():
+        loss = fn(xs, ys)
+        if train:
+            loss.backward()
+            xs.grad = ys.grad = None
+        return loss
+
+    loss = step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = do_bench(step, warmup=5, rep=50, return_mode="median")
+    return ms, peak, float(loss.detach())
+
+
+def providers(B, N, M):
+    out = [("maxsim", lambda x, y: maxsim_loss(x, y)),
+           ("maxsim deterministic", lambda x, y: maxsim_loss(x, y, deterministic=True))]
+    if fits(B, N, M):
+        out.append(("torch.cdist + min", cdist_loss))
+    try:
+        import flash_maxsim  # noqa: F401
+
+        out.append(("flash_chamfer", None))
+    except ImportError:
+        pass
+    return out
+
+
+def run(shapes, dtype):
+    rows = []
+    for text in shapes:
+        B, N, M, D = parse_shape(text)
+        torch.manual_seed(0)
+        x = torch.rand(B, N, D, device="cuda").to(dtype)
+        y = torch.rand(B, M, D, device="cuda").to(dtype)
+        exact = float64_loss(x, y)
+        for (name, fn), train in itertools.product(providers(B, N, M), (False, True)):
+            if name == "maxsim deterministic" and not train:
+                continue
+            if name == "flash_chamfer":
+                fn = (lambda a, b, t=train: flash_loss(a, b, t))  # noqa: E731
+            try:
+                ms, peak, loss = measure(fn, train, x, y)
+                err = abs(loss - exact) / abs(exact)
+                rows.append((text, str(dtype).replace("torch.", ""), name, "fwd+bwd" if train else "fwd",
+                             f"{ms:.3f}", f"{peak:.0f}", f"{err:.1e}"))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                rows.append((text, str(dtype).replace("torch.", ""), name, "fwd+bwd" if train else "fwd", "OOM", "-", "-"))
+    print_table(("shape BxNxMxD", "dtype", "provider", "pass", "median ms", "peak MiB", "err"), rows)
+
+
+def sweep(shapes, dtype):
+    """Time the forward kernel (both directions, argmin saved) over a few tiles per shape."""
+    from triton.testing import do_bench
+
+    from maxsim.chamfer.forward import chamfer_forward
+
+    rows = []
+    for text in shapes:
+        B, N, M, D = parse_shape(text)
+        x = torch.rand(B, N, D, device="cuda").to(dtype)
+        y = torch.rand(B, M, D, device="cuda").to(dtype)
+        xl = torch.full((B,), N, device="cuda", dtype=torch.int64)
+        yl = torch.full((B,), M, device="cuda", dtype=torch.int64)
+        dots = (False, True) if D > 3 else (False,)
+        for dot, BM, BN, warps, stages in itertools.product(dots, (32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3)):
+            if BM * BN > 128 * 64 or (dot and BN < 32):
+                continue
+            cfg = dict(BM=BM, BN=BN, BK=max(16, min(64, 1 << (D - 1).bit_length())), num_warps=warps,
+                       num_stages=stages)
+            ms = do_bench(lambda: chamfer_forward(x, y, xl, yl, norm=2, both=True, config=cfg, dot=dot),
+                          warmup=5, rep=30, return_mode="median")
+            rows.append((text, "dot" if dot else "direct", BM, BN, warps, stages, f"{ms:.3f}"))
+    rows.sort(key=lambda r: (r[0], float(r[-1])))
+    print_table(("shape", "kernel", "BM", "BN", "warps", "stages", "median ms"), rows)
+
+
+def print_table(header, rows):
+    widths = [max(len(str(v)) for v in col) for col in zip(header, *rows)]
+    for line in (header, ["-" * w for w in widths], *rows):
+        print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="BxNxMxD")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--sweep", action="store_true", help="time the forward kernel's tiles instead")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("chamfer_bench: needs a CUDA GPU")
+    dtype = getattr(torch, args.dtype)
+    (sweep if args.sweep else run)(args.shapes, dtype)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""``maxsim.maxsim_from_hidden``: validation, backend dispatch, the path the selection chose,
+autograd."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from maxsim import _checks
+from maxsim._dispatch import backend_for
+from maxsim.head import specs
+from maxsim.head.backward import head_backward
+from maxsim.head.forward import head_forward
+from maxsim.head.reference import head_reference
+from maxsim.selection import head as select
+from maxsim.selection.common import STRATEGIES, device_of
+
+
+@dataclass
+class HeadPrepared:
+    """Inputs in the canonical layout: Q ``[Nq, Lq, d]``, H ``[Nq|1, Nd, Ld, d_model]`` (a view),
+    masks bool ``[Nq, Lq]`` / ``[Nq|1, Nd, Ld]`` or None; ``unbatch`` undoes 2-D inputs' axes."""
+
+    Q: torch.Tensor
+    H: torch.Tensor
+    q_mask: torch.Tensor | None
+    d_mask: torch.Tensor | None
+    candidates: bool
+    squeeze_q: bool
+    squeeze_d: bool
+
+    def unbatch(self, out: torch.Tensor) -> torch.Tensor:
+        return _checks.unbatch(out, self.squeeze_q, self.squeeze_d)
+
+
+def check_head_inputs(Q, H, W, b, q_mask, d_mask, mask_mode: str) -> HeadPrepared:
+    """Validate the arguments of :func:`maxsim_from_hidden`; return them in the canonical layout."""
+    for name, t in (("Q", Q), ("H", H), ("W", W)):
+        _checks.check_dtype(name, t)
+    if b is not None:
+        _checks.check_dtype("b", b)
+    _checks.check_choice("mask_mode", mask_mode, _checks.MASK_MODES)
+    if Q.dim() not in (2, 3):
+        raise ValueError(f"maxsim: Q must have shape [Nq, Lq, d] or [Lq, d]; got {_checks.shape_str(Q)}")
+    if H.dim() not in (2, 3, 4):
+        raise ValueError("maxsim: H must have shape [Nd, Ld, d_model], [Nq, K, Ld, d_model] or [Ld, d_model]; "
+                         f"got {_checks.shape_str(H)}")
+    if W.dim() != 2:
+        raise ValueError(f"maxsim: W must have shape [d, d_model]; got {_checks.shape_str(W)}")
+    named = [("Q", Q), ("H", H), ("W", W)] + ([("b", b)] if b is not None else [])
+    for name, t in named[1:]:
+        if t.dtype != Q.dtype:
+            raise TypeError(f"maxsim: Q, H, W and b must share one dtype; got Q {_dtype(Q)} and {name} "
+                            f"{_dtype(t)}")
+        if t.device != Q.device:
+            raise ValueError(f"maxsim: Q, H, W and b must be on one device; got Q on {Q.device} and {name} "
+                             f"on {t.device}")
+    d, d_model = Q.shape[-1], H.shape[-1]
+    if d == 0 or d_model == 0:
+        raise ValueError(f"maxsim: d and d_model must be at least 1; got Q {_checks.shape_str(Q)}, "
+                         f"H {_checks.shape_str(H)}")
+    if tuple(W.shape) != (d, d_model):
+        raise ValueError(f"maxsim: W must have shape [d, d_model] = [{d}, {d_model}] (Q's d, H's d_model); "
+                         f"got {_checks.shape_str(W)}")
+    if b is not None and tuple(b.shape) != (d,):
+        raise ValueError(f"maxsim: b must have shape [d] = [{d}]; got {_checks.shape_str(b)}")
+    squeeze_q = Q.dim() == 2
+    Q3 = Q.unsqueeze(0) if squeeze_q else Q
+    Nq = Q3.shape[0]
+    candidates, squeeze_d = H.dim() == 4, H.dim() == 2
+    if candidates:
+        if squeeze_q:
+            raise ValueError("maxsim: a 4-D H [Nq, K, Ld, d_model] needs a 3-D Q [Nq, Lq, d]; "
+                             f"got Q {_checks.shape_str(Q)}")
+        if H.shape[0] != Nq:
+            raise ValueError(f"maxsim: H [Nq, K, Ld, d_model] must have one candidate list per query (Nq={Nq}); "
+                             f"got H {_checks.shape_str(H)}")
+        H4 = H
+    else:
+        H4 = H[None, None] if squeeze_d else H.unsqueeze(0)
+    qm = dm = None
+    if q_mask is not None:
+        qm = _checks.as_bool_mask("q_mask", q_mask, tuple(Q.shape[:-1]), Q.device)
+        qm = qm.unsqueeze(0) if squeeze_q else qm
+    if d_mask is not None:
+        dm = _checks.as_bool_mask("d_mask", d_mask, tuple(H.shape[:-1]), Q.device)
+        dm = dm[None, None] if squeeze_d else (dm if candidates else dm.unsqueeze(0))
+    return HeadPrepared(Q3, H4, qm, dm, candidates, squeeze_q, squeeze_d)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def project(H: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, normalize: bool) -> torch.Tensor:
+    """The unfused head, in the input dtype: ``F.normalize(F.linear(H, W, b), dim=-1)``."""
+    D = F.linear(H, W, b)
+    return F.normalize(D, dim=-1) if normalize else D
+
+
+class _FusedHead(torch.autograd.Function):
+    """The fused forward (saving the argmax) and the winners' backward."""
+
+    @staticmethod
+    def forward(ctx, Q, H, W, b, q_mask, d_mask, normalize, multiply, config, deterministic):
+        scores, argmax = head_forward(Q, H, W, b, q_mask, d_mask, config=config, normalize=normalize,
+                                      multiply=multiply, save_argmax=True)
+        ctx.mark_non_differentiable(argmax)
+        ctx.set_materialize_grads(False)
+        winners = argmax
+        if multiply and d_mask is not None:
+            # PyLate's rule: a masked winner (similarity forced to 0) passes no gradient.
+            real = torch.gather(d_mask.expand(Q.shape[0], -1, -1), 2, argmax.clamp_min(0).long())
+            winners = torch.where(real, argmax, -1)
+        ctx.save_for_backward(Q, H, W, b, winners)
+        ctx.options = (normalize, deterministic)
+        return scores, argmax
+
+    @staticmethod
+    def backward(ctx, grad_scores, _grad_argmax):
+        if grad_scores is None:
+            return (None,) * 10
+        Q, H, W, b, winners = ctx.saved_tensors
+        normalize, deterministic = ctx.options
+        needs = tuple(ctx.needs_input_grad[:4])
+        gq, gh, gw, gb = head_backward(grad_scores, Q, H, W, b, winners, normalize=normalize,
+                                       deterministic=deterministic, needs=needs)
+        return gq, gh, gw, gb, None, None, None, None, None, None
+
+
+def maxsim_from_hidden(
+    Q: torch.Tensor,
+    H: torch.Tensor,
+    W: torch.Tensor,
+    b: torch.Tensor | None = None,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = True,
+    mask_mode: str = "exclude",
+    return_argmax: bool = False,
+    backward: str = "auto",
+):
+    """MaxSim of queries against documents given as hidden states, through a linear head:
+
+        D = H @ W.T + b                                  # [Nd, Ld, d]
+        D = D / max(|D|_2, 1e-12)   (normalize=True)     # each document token, F.normalize's rule
+        scores = maxsim.maxsim(Q, D, q_mask, d_mask, mask_mode=mask_mode)
+
+    On CUDA the fused kernel projects each document tile on chip and never writes D, where that
+    pays (few query row blocks share each tile); otherwise the head runs once (``F.linear`` +
+    ``F.normalize``) and then ``maxsim.maxsim`` (:func:`maxsim.explain_from_hidden` says which).
+
+    Args:
+        Q: queries ``[Nq, Lq, d]`` (or ``[Lq, d]``), used as given: ``normalize`` does not touch
+            them (normalise queries with the query encoder, as ColBERT does).
+        H: hidden states ``[Nd, Ld, d_model]`` shared by every query (-> ``[Nq, Nd]``), candidate
+            lists ``[Nq, K, Ld, d_model]`` (-> ``[Nq, K]``) or one document ``[Ld, d_model]``.
+        W: ``[d, d_model]`` (a ``torch.nn.Linear(d_model, d).weight``).  b: ``[d]`` or None.
+            Q, H, W and b share one dtype: float16, bfloat16 or float32.
+        q_mask, d_mask: ``Q.shape[:-1]``, ``H.shape[:-1]``; True = real token (as maxsim.maxsim).
+        normalize: L2-normalise the projected document tokens.
+        mask_mode: ``"exclude"`` or ``"multiply"`` (PyLate's rule), as maxsim.maxsim.
+        return_argmax: also return the winning document token per query token (int32, -1 where none).
+        backward: ``"auto"``/``"unified"`` (fp32 atomics into a buffer the size of the winners) or
+            ``"lowmem"`` (deterministic); on the unfused path it is maxsim.maxsim's.
+
+    Returns:
+        fp32 scores ``[Nq, Nd]`` (``[Nq, K]``; 2-D inputs drop their axis), and the argmax when asked.
+        Empty documents score 0; NaN propagates; ties go to the lowest index. Differentiable in Q,
+        H, W and b.
+    """
+    p = check_head_inputs(Q, H, W, b, q_mask, d_mask, mask_mode)
+    _checks.check_bool("normalize", normalize)
+    _checks.check_bool("return_argmax", return_argmax)
+    _checks.check_choice("backward", backward, STRATEGIES)
+    multiply = mask_mode == "multiply"
+    if backend_for(p.Q.device) == "reference":
+        out = head_reference(p.Q, p.H, W, b, p.q_mask, p.d_mask, normalize=normalize, multiply=multiply,
+                             return_argmax=return_argmax, candidates=p.candidates)
+        return (p.unbatch(out[0]), p.unbatch(out[1])) if return_argmax else p.unbatch(out)
+    Nq, Lq, d = p.Q.shape
+    masked = p.q_mask is not None or p.d_mask is not None
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (Q, H, W, b))
+    choice = select.forward_choice(Nq, Lq, d, p.H.shape[-1], p.Q.dtype, p.candidates, masked, normalize,
+                                   needs_grad or return_argmax, device_of(p.Q)[1], select.forced_path())
+    if choice.kernel is specs.PROJECT_THEN_SCORE:
+        import maxsim
+
+        return maxsim.maxsim(Q, project(H, W, b, normalize), q_mask, d_mask, mask_mode=mask_mode,
+                             return_argmax=return_argmax, backward=backward)
+    if needs_grad:
+        scores, argmax = _FusedHead.apply(p.Q, p.H, W, b, p.q_mask, p.d_mask, normalize, multiply, choice.config,
+                                          backward == "lowmem")
+    else:
+        scores, argmax = head_forward(p.Q, p.H, W, b, p.q_mask, p.d_mask, config=choice.config, normalize=normalize,
+                                      multiply=multiply, save_argmax=return_argmax)
+    if return_argmax:
+        return p.unbatch(scores), p.unbatch(argmax)
+    return p.unbatch(scores)
