@@ -44,6 +44,10 @@ def nearest(src, tgt, src_len, tgt_len, norm):
 def loss64(x, y, x_len=None, y_len=None, x_normals=None, y_normals=None, weights=None, batch_reduction="mean",
            point_reduction="mean", norm=2, single_directional=False, abs_cosine=True):
     """The loss in float64, differentiable in x and y (winners from the float64 distances)."""
+    # On the CPU in float64 (.cpu() keeps the graph: gradients flow back to the callers' tensors).
+    x, y = x.cpu(), y.cpu()
+    x_normals = None if x_normals is None else x_normals.cpu()
+    y_normals = None if y_normals is None else y_normals.cpu()
     B, N, _ = x.shape
     M = y.shape[1]
     x_len = torch.full((B,), N) if x_len is None else x_len.cpu()

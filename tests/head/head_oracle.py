@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 def oracle64(Q, H, W, b=None, q_mask=None, d_mask=None, *, normalize=True, mask_mode="exclude"):
     """float64 scores ``[Nq, Nd]`` for 3-D Q and 3-D / 4-D H (differentiable in its float64 inputs)."""
-    Q, H, W = Q.double(), H.double(), W.double()
-    D = F.linear(H, W, None if b is None else b.double())
+    # On the CPU in float64 (.cpu() keeps the graph: gradients flow back to the callers' tensors).
+    Q, H, W = Q.cpu().double(), H.cpu().double(), W.cpu().double()
+    D = F.linear(H, W, None if b is None else b.cpu().double())
     if normalize:
         D = F.normalize(D, dim=-1)
     cand = H.dim() == 4
