@@ -171,3 +171,21 @@ def test_gpu_search_matches_cpu(tmp_path):
     gpu_scores, gpu_pids = gpu.search(Q.cuda().half(), k=10, settings="fast-plaid")
     torch.testing.assert_close(gpu_scores.cpu(), cpu_scores, atol=2e-3, rtol=0)
     assert (gpu_pids.cpu() == cpu_pids).float().mean() >= 0.9
+
+
+def test_search_command_reads_an_index(tmp_path):
+    # python -m maxsim search --index: the same ids and scores as index.search, as a TREC run.
+    from maxsim.cli import main
+
+    _write_fast_plaid(tmp_path / "idx", [5, 3, 7, 2, 6, 4] * 5, [12, 18, 30], dim=32)
+    index = maxsim.index.load(tmp_path / "idx")
+    queries = [torch.nn.functional.normalize(torch.randn(n, 32), dim=-1) for n in (4, 6, 3)]
+    torch.save(queries, tmp_path / "q.pt")
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.pt"), "-k", "5",
+                 "--out", str(tmp_path / "run.trec"), "--device", "cpu", "--quiet"]) == 0
+    lines = (tmp_path / "run.trec").read_text().splitlines()
+    Q, q_mask = maxsim.pad(queries)
+    scores, pids = index.search(Q, k=5, q_mask=q_mask)
+    want = [f"{qi} Q0 {int(p)} {rank} {float(s):.6f} maxsim" for qi in range(3)
+            for rank, (p, s) in enumerate(zip(pids[qi], scores[qi]), 1)]
+    assert lines == want

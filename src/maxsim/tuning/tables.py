@@ -172,7 +172,7 @@ HEAD_FORWARD_SM90 = (
 # --- fused or project once -----------------------------------------------------------------------
 # The fused kernel projects every document tile once per query row block that reads it (2 d_model d
 # flops a token each time); projecting once instead writes D [Nd, Ld, d] and reads it back two
-# or three times (F.normalize, maxsim), and holds it. On an H200 one projection of a token at
+# or three times (F.normalize, maxsim), and holds it. On Hopper one projection of a token at
 # d_model 768, d 128 costs about what that memory traffic does, so fusion starts out allowed up
 # to two row blocks. A starting point, to be measured.
 
