@@ -11,7 +11,7 @@ from maxsim.head import maxsim_from_hidden
 from maxsim.search import Corpus, topk
 from maxsim.selection import explain
 from maxsim.selection.head import explain_from_hidden
-from maxsim.varlen.ops import maxsim_varlen, score_pairs_packed
+from maxsim.varlen.ops import check_packed, maxsim_varlen, score_pairs_packed
 from maxsim.varlen.packing import pack, packed_to_padded, pad, padded_to_packed
 from maxsim.warmup import warmup
 
@@ -26,6 +26,7 @@ __all__ = [
     "Corpus",
     "maxsim_varlen",
     "score_pairs_packed",
+    "check_packed",
     "pack",
     "pad",
     "packed_to_padded",

@@ -35,8 +35,8 @@ class Prepared:
     squeeze_q: bool
     squeeze_d: bool
 
-    def unbatch(self, out: torch.Tensor, trailing: int = 0) -> torch.Tensor:
-        """``[Nq, Nd, *trailing]`` -> the caller's shape (drops the axes of 2-D inputs)."""
+    def unbatch(self, out: torch.Tensor) -> torch.Tensor:
+        """``[Nq, Nd, ...]`` -> the caller's shape (drops the axes of 2-D inputs)."""
         return unbatch(out, self.squeeze_q, self.squeeze_d)
 
 
@@ -214,3 +214,48 @@ def check_pairs(pair_q, pair_d, Nq: int, Nd: int, device: torch.device, *, check
                 raise ValueError(f"maxsim: {name} must index 0..{n - 1}; got values in [{lo}, {hi}]")
     if pair_q.shape != pair_d.shape:
         raise ValueError(f"maxsim: pair_q and pair_d must have the same length; got {pair_q.numel()} and {pair_d.numel()}")
+
+
+def check_max_length(name: str, value) -> int | None:
+    """A ``max_seqlen_*`` argument: None, or a non-negative int (checked on the host: no tensor is read)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
+            value = int(value)  # (a host read the caller chose by passing a tensor)
+        else:
+            raise TypeError(f"maxsim: {name} must be an int or None; got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"maxsim: {name} must be >= 0; got {value}")
+    return value
+
+
+def check_lengths_fit(name: str, cu: torch.Tensor, max_len: int) -> None:
+    """Raise when a sequence of ``cu`` (int64, values already checked) is longer than ``max_len`` (a host read)."""
+    if cu.numel() > 1:
+        lengths = cu[1:] - cu[:-1]
+        longest = int(lengths.max())
+        if longest > max_len:
+            k = int(torch.argmax(lengths))
+            raise ValueError(f"maxsim: sequence {k} of {name.replace('max_seqlen', 'cu_seqlens')} has "
+                             f"{longest} tokens, more than {name} = {max_len}")
+
+
+def sequences_valid(cu: torch.Tensor, total: int, max_len: int | None) -> torch.Tensor:
+    """bool ``[N]`` on cu's device, no host read: sequence i (rows ``cu[i]:cu[i+1]``) lies inside
+    the packed data (``0 <= cu[i] <= cu[i+1] <= total``) and is at most ``max_len`` long. The rule of
+    the trusted path: an output that involves an invalid sequence is NaN."""
+    start, end = cu[:-1], cu[1:]
+    ok = (start >= 0) & (end >= start) & (end <= total)
+    if max_len is not None:
+        ok &= (end - start) <= max_len
+    return ok
+
+
+def pairs_valid(pair_q: torch.Tensor, pair_d: torch.Tensor, q_ok: torch.Tensor, d_ok: torch.Tensor) -> torch.Tensor:
+    """bool ``[P]``, no host read: both indices in range (-1 does not wrap) and both sequences valid."""
+    Nq, Nd = q_ok.numel(), d_ok.numel()
+    in_range = (pair_q >= 0) & (pair_q < Nq) & (pair_d >= 0) & (pair_d < Nd)
+    if Nq == 0 or Nd == 0:
+        return in_range
+    return in_range & q_ok[pair_q.clamp(0, Nq - 1)] & d_ok[pair_d.clamp(0, Nd - 1)]

@@ -1,4 +1,7 @@
-"""The MaxSim contract in plain PyTorch: the CPU backend and the tests' oracle.
+"""The MaxSim contract in plain PyTorch: the tests' oracle (with tests/oracle.py's float64 loop).
+
+CPU tensors run :mod:`maxsim.cpu` instead, the same rules on blocked GEMMs (docs/cpu.md);
+``MAXSIM_BACKEND=reference`` runs this through ``maxsim.maxsim`` and the packed functions.
 
     score[i, j] = sum_{s : q_mask[i, s]}  max_{t : d_mask[j, t]}  <Q[i, s], D[j, t]>
 
@@ -143,5 +146,5 @@ def maxsim_reference(
 
     scores = p.unbatch(scores)
     if return_argmax:
-        return scores, p.unbatch(argmax, trailing=1)
+        return scores, p.unbatch(argmax)
     return scores

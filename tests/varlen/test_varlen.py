@@ -169,11 +169,11 @@ def test_gradients_reach_list_inputs_and_lowmem_is_deterministic():
 
 def test_opcheck_varlen_ops():
     q, cu_q, mq = maxsim.pack(ragged([4, 6]))
-    d, cu_d, _ = maxsim.pack(ragged([5, 0, 7]))
+    d, cu_d, md = maxsim.pack(ragged([5, 0, 7]))
     pq = torch.tensor([1, 0], device=KERNEL_DEVICE)
     pd = torch.tensor([2, 1], device=KERNEL_DEVICE)
     for pairs in [(None, None), (pq, pd)]:
-        args = (q.requires_grad_(), d.requires_grad_(), cu_q, cu_d, *pairs, mq, True, "lowmem")
+        args = (q.requires_grad_(), d.requires_grad_(), cu_q, cu_d, *pairs, mq, md, True, "lowmem")
         torch.library.opcheck(varlen_ops.varlen_forward_op, args)
 
 

@@ -26,7 +26,8 @@ import torch
 
 from maxsim import _checks, reference
 from maxsim._autograd import argmax_or_empty, make_differentiable
-from maxsim._dispatch import backend_for, interpreting, through_dispatcher
+from maxsim._dispatch import backend_for, interpreting, pytorch_backend, through_dispatcher
+from maxsim.cpu import maxsim_cpu
 from maxsim.dense import forward as _forward
 from maxsim.dense.backward import maxsim_backward
 from maxsim.selection import dense as select
@@ -164,7 +165,7 @@ def maxsim(
 
         torch.einsum("asd,btd->abst", Q.float(), D.float()).max(-1).values.sum(-1)
 
-    CUDA tensors run the Triton kernels; CPU tensors run :mod:`maxsim.reference` (see
+    CUDA tensors run the Triton kernels; CPU tensors run :mod:`maxsim.cpu` (docs/cpu.md; see
     ``MAXSIM_BACKEND`` in the README to force either). A call whose signature (shapes, strides,
     dtypes, devices, alignment, arguments) repeats an earlier inference call's replays that call's
     launch plan: no validation or configuration work on the host, only the launch.
@@ -182,9 +183,8 @@ def maxsim(
     _checks.check_bool("return_argmax", return_argmax)
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
     if backend_for(p.Q.device) == "reference":
-        return reference.maxsim_reference(
-            Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax
-        )
+        run = maxsim_cpu if pytorch_backend() == "cpu" else reference.maxsim_reference
+        return run(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax)
     multiply = mask_mode == "multiply"
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
     compiling = through_dispatcher()

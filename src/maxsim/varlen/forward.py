@@ -21,10 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
+from maxsim._checks import pairs_valid, sequences_valid
 from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
+
+# max_d when the caller gives no document bound (an int32 kernel argument).
+_NO_BOUND = 2**31 - 1
 
 
 @triton.jit
@@ -40,6 +44,15 @@ def pair_of(p, pq_ptr, pd_ptr, Nq, Nd, CROSS: tl.constexpr):
         j = tl.load(pd_ptr + p)
     ok = (i >= 0) & (i < Nq) & (j >= 0) & (j < Nd)
     return tl.where(ok, i, 0), tl.where(ok, j, 0), ok
+
+
+@triton.jit
+def seq_range(lo, hi, total, max_len):
+    """(lo, hi, ok) of a packed sequence, rows lo:hi as cu_seqlens gives them. ok: it lies inside
+    the data (0 <= lo <= hi <= total) and is at most max_len long; an invalid one comes back empty
+    (0, 0), so nothing outside the data is ever read, and its outputs are NaN."""
+    ok = (lo >= 0) & (hi >= lo) & (hi <= total) & (hi - lo <= max_len)
+    return tl.where(ok, lo, 0), tl.where(ok, hi, 0), ok
 
 
 @triton.jit
@@ -105,48 +118,52 @@ def _load_query_block(p_q, m_row, dim, BK: tl.constexpr, NUM_K: tl.constexpr, EV
     return b_q
 
 
-@triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q"])
+@triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q", "max_d"])
 def _maxsim_varlen_cross_kernel(
     q_ptr, d_ptr, cuq_ptr, cud_ptr, out_ptr, arg_ptr,
-    Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q,
+    Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q, max_d,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, SEG: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SAVE_ARGMAX: tl.constexpr,
 ):
     """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial
-    sums per query chunk); argmax int32 [Nd * Nq, max_q] (pair p = j * Nq + i)."""
+    sums per query chunk); argmax int32 [Nd * Nq, max_q] (pair p = j * Nq + i). A score whose query
+    or document is invalid (see seq_range) is NaN, its argmax -1."""
     QPB: tl.constexpr = BM // SEG  # queries per block
     i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
     m_q = o_q < Nq
-    q_lo = tl.load(cuq_ptr + o_q, mask=m_q, other=0)
-    q_hi = tl.minimum(tl.load(cuq_ptr + o_q + 1, mask=m_q, other=0), Tq)
+    q_lo, q_hi, q_ok = seq_range(tl.load(cuq_ptr + o_q, mask=m_q, other=0),
+                                 tl.load(cuq_ptr + o_q + 1, mask=m_q, other=0), Tq, max_q)  # [BM] each
     m_row = m_q & (q_lo + o_s < q_hi)
+    # [QPB]: the rows of one query share its validity.
+    b_qok = tl.min(tl.reshape(q_ok.to(tl.int32), [QPB, SEG]), axis=1) > 0
     p_q = q_ptr + (q_lo + o_s).to(tl.int64)[:, None] * dim  # [BM, 1]
     b_q = _load_query_block(p_q, m_row, dim, BK, NUM_K, EVEN_K)
     o_qb = i_qgroup * QPB + tl.arange(0, QPB)
     j0 = (i_n * docs_per_program).to(tl.int64)
     for jj in range(0, tl.minimum(docs_per_program, Nd - j0)):
         j = j0 + jj
-        d_lo = tl.load(cud_ptr + j)
-        d_hi = tl.minimum(tl.load(cud_ptr + j + 1), Td)
+        d_lo, d_hi, d_ok = seq_range(tl.load(cud_ptr + j), tl.load(cud_ptr + j + 1), Td, max_d)
         b_max, b_arg = _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim, BM, BN, BK, NUM_K, EVEN_K,
                                    DOT_PRECISION, DOT_UPCAST, SAVE_ARGMAX)
         keep = m_row & (d_hi > d_lo)  # an empty document contributes 0
         b_score = tl.sum(tl.reshape(tl.where(keep, b_max, 0.0), [QPB, SEG]), axis=1)  # [QPB]
+        b_score = tl.where(b_qok & d_ok, b_score, float("nan"))
         tl.store(out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j, b_score, mask=o_qb < Nq)
         if SAVE_ARGMAX:
             p_arg = arg_ptr + (j * Nq + o_q) * max_q + o_s
             tl.store(p_arg, tl.where(keep, b_arg, -1), mask=m_q & (o_s < max_q))
 
 
-@triton.jit(do_not_specialize=["Nq", "Nd", "P", "Tq", "Td", "n_chunks", "pairs_per_program", "max_q"])
+@triton.jit(do_not_specialize=["Nq", "Nd", "P", "Tq", "Td", "n_chunks", "pairs_per_program", "max_q", "max_d"])
 def _maxsim_pairs_kernel(
     q_ptr, d_ptr, cuq_ptr, cud_ptr, pq_ptr, pd_ptr, out_ptr, arg_ptr,
-    Nq, Nd, P, Tq, Td, dim, n_chunks, pairs_per_program, max_q,
+    Nq, Nd, P, Tq, Td, dim, n_chunks, pairs_per_program, max_q, max_d,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SAVE_ARGMAX: tl.constexpr,
 ):
     """Listed pairs. pairs int64 [P]; out fp32 [n_chunks, P]; argmax int32 [P, max_q]. A pair
-    with an index out of range scores NaN and passes no gradient (never a fault)."""
+    with an index out of range, or an invalid query or document (see seq_range), scores NaN and
+    passes no gradient (never a fault)."""
     i_pid = tl.program_id(0)
     i_chunk = i_pid % n_chunks
     p0 = ((i_pid // n_chunks) * pairs_per_program).to(tl.int64)
@@ -154,10 +171,9 @@ def _maxsim_pairs_kernel(
     for pp in range(0, tl.minimum(pairs_per_program, P - p0)):
         p = p0 + pp  # int64
         i, j, ok = pair_of(p, pq_ptr, pd_ptr, Nq, Nd, False)
-        q_lo = tl.load(cuq_ptr + i)
-        q_hi = tl.minimum(tl.load(cuq_ptr + i + 1), Tq)
-        d_lo = tl.load(cud_ptr + j)
-        d_hi = tl.minimum(tl.load(cud_ptr + j + 1), Td)
+        q_lo, q_hi, q_ok = seq_range(tl.load(cuq_ptr + i), tl.load(cuq_ptr + i + 1), Tq, max_q)
+        d_lo, d_hi, d_ok = seq_range(tl.load(cud_ptr + j), tl.load(cud_ptr + j + 1), Td, max_d)
+        ok = ok & q_ok & d_ok
         m_row = q_lo + o_s < q_hi
         p_q = q_ptr + (q_lo + o_s).to(tl.int64)[:, None] * dim  # [BM, 1]
         b_q = _load_query_block(p_q, m_row, dim, BK, NUM_K, EVEN_K)
@@ -181,11 +197,14 @@ def varlen_forward(
     save_argmax: bool = False,
     *,
     config: dict,
+    max_d: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores for the cross product (``pair_q`` None) -> ``[Nq, Nd]``, or for pairs -> ``[P]``.
 
     q ``[Tq, dim]``, d ``[Td, dim]`` contiguous; cu_q ``[Nq + 1]``, cu_d ``[Nd + 1]`` int64 on the
-    same device; ``max_q`` bounds every query's length (it sets the number of query chunks).
+    same device; ``max_q`` bounds every query's length (it sets the number of query chunks), ``max_d``
+    (None: no bound) every document's. An output whose query or document lies outside the data or
+    passes its bound, or whose pair index is out of range, is NaN (argmax -1).
     ``config``: the tile (BM, BN, BK, num_warps, num_stages) from ``maxsim.selection.varlen``.
     With ``save_argmax`` also returns argmax ``[P, max_q]`` int32 in pair order (cross product:
     pair p = query p % Nq, document p // Nq), else None.
@@ -195,9 +214,13 @@ def varlen_forward(
     P = Nq * Nd if cross else pair_q.numel()
     dim = q.shape[1]
     argmax = torch.full((P, max_q), -1, dtype=torch.int32, device=q.device) if save_argmax else None
+    max_d = _NO_BOUND if max_d is None else max_d
     if P == 0 or max_q == 0:
-        shape = (Nq, Nd) if cross else (P,)
-        return torch.zeros(shape, dtype=torch.float32, device=q.device), argmax
+        # Nothing to multiply: every valid query is empty. No host read: the rule, on the device.
+        q_ok = sequences_valid(cu_q, q.shape[0], max_q)
+        d_ok = sequences_valid(cu_d, d.shape[0], max_d)
+        ok = q_ok[:, None] & d_ok[None, :] if cross else pairs_valid(pair_q, pair_d, q_ok, d_ok)
+        return torch.where(ok, 0.0, float("nan")).to(torch.float32), argmax
     interpret = interpreting()
     slots = 1 if interpret else 2 * multiprocessors(cuda_index(q))
     seg_q = next_pow2(max_q)
@@ -215,14 +238,15 @@ def varlen_forward(
         n_mblocks = -(-Nq // (BM // seg)) * n_chunks
         docs_per_program = max(1, -(-Nd // max(1, slots // n_mblocks)))
         out = torch.empty((n_chunks, Nq, Nd), dtype=torch.float32, device=q.device)
-        args = (q, d, cu_q, cu_d, out, arg, Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q)
+        args = (q, d, cu_q, cu_d, out, arg, Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q,
+                max_d)
         launch(_maxsim_varlen_cross_kernel, (n_mblocks * -(-Nd // docs_per_program),), args,
                dict(constexprs, SEG=seg), num_warps=num_warps, num_stages=num_stages)
     else:
         pairs_per_program = max(1, -(-P * n_chunks // slots))
         out = torch.empty((n_chunks, P), dtype=torch.float32, device=q.device)
         args = (q, d, cu_q, cu_d, pair_q, pair_d, out, arg,
-                Nq, Nd, P, q.shape[0], d.shape[0], dim, n_chunks, pairs_per_program, max_q)
+                Nq, Nd, P, q.shape[0], d.shape[0], dim, n_chunks, pairs_per_program, max_q, max_d)
         launch(_maxsim_pairs_kernel, (n_chunks * -(-P // pairs_per_program),), args,
                constexprs, num_warps=num_warps, num_stages=num_stages)
     return (out[0] if n_chunks == 1 else out.sum(0)), argmax

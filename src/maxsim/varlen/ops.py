@@ -8,23 +8,25 @@ import torch
 
 from maxsim import _checks, reference
 from maxsim._autograd import argmax_or_empty, make_differentiable
-from maxsim._dispatch import backend_for, through_dispatcher
+from maxsim._dispatch import backend_for, pytorch_backend, through_dispatcher
+from maxsim.cpu.varlen import padded, varlen_cpu
 from maxsim.selection import varlen as select
 from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
-from maxsim.varlen.packing import pack, packed_to_padded
+from maxsim.varlen.packing import pack
 
 
-def _run_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=False):
+def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=False):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
     choice = select.forward_choice(q, cu_q.numel() - 1, max_q, pair_q is not None, save_argmax)
-    return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax, config=choice.config)
+    return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax, config=choice.config,
+                          max_d=max_d)
 
 
-def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy):
+def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy):
     """The forward op's body (``strategy`` is for the backward only)."""
-    scores, argmax = _run_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax)
+    scores, argmax = _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax)
     return scores, argmax_or_empty(argmax, q.device)
 
 
@@ -44,16 +46,17 @@ def varlen_forward_op(
     pair_q: Optional[torch.Tensor],
     pair_d: Optional[torch.Tensor],
     max_q: int,
+    max_d: int,
     save_argmax: bool,
     strategy: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed scores ([Nq, Nd], or [P] for pairs) and argmax [P, max_q] int32 (empty unless saved).
     ``strategy`` is the backward's (read by autograd)."""
-    return _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy)
+    return _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy)
 
 
 @varlen_forward_op.register_fake
-def _(q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy):
+def _(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy):
     Nq, Nd = cu_q.shape[0] - 1, cu_d.shape[0] - 1
     P = Nq * Nd if pair_q is None else pair_q.shape[0]
     scores = q.new_empty((Nq, Nd) if pair_q is None else (P,), dtype=torch.float32)
@@ -82,7 +85,7 @@ def _(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy):
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, d, cu_q, cu_d, pair_q, pair_d, max_q, save_argmax, strategy = inputs
+    q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy = inputs
     ctx.set_materialize_grads(False)  # no zero tensor the size of the argmax for its "gradient"
     ctx.has_argmax = save_argmax
     ctx.backward_args = (strategy,)
@@ -92,11 +95,11 @@ def _varlen_setup_context(ctx, inputs, output):
 # Autograd for the op, and the eager training path: the same implementation and rule.
 _VarlenMaxSim = make_differentiable(
     "_VarlenMaxSim", varlen_forward_op, varlen_backward_op, _varlen_setup_context, _forward_launch, _backward_launch,
-    n_inputs=9,
+    n_inputs=10,
 )
 
 
-def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
+def _run(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, backward):
     """The kernels: through the differentiable custom op under torch.compile, the eager autograd
     Function when a gradient is needed, straight to the launcher otherwise."""
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
@@ -104,12 +107,18 @@ def _run(q, d, cu_q, cu_d, max_q, pair_q, pair_d, backward):
     compiling = through_dispatcher()
     if compiling or needs_grad:
         op = varlen_forward_op if compiling else _VarlenMaxSim.apply
-        return op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, needs_grad, select.strategy(backward, q, d, max_q))[0]
-    return _run_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d)[0]
+        return op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, needs_grad,
+                  select.strategy(backward, q, d, max_q))[0]
+    return _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d)[0]
 
 
-def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
-    """Ragged lists -> packed; validation; the max query length (read on the host only when not given)."""
+def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d, validate):
+    """Ragged lists -> packed; validation; the max lengths.
+
+    Trusted path (both max lengths given, ``validate`` False): nothing is read on the host; an
+    output whose sequence is invalid (outside the data, decreasing offsets, longer than its max
+    length) is NaN. Otherwise every value is checked on the host with an error naming it, and a
+    max length left out is read from the offsets."""
     if isinstance(q, (list, tuple)):
         if cu_seqlens_q is not None:
             raise ValueError("maxsim: pass either a list of query tensors or packed q with cu_seqlens_q, not both")
@@ -118,13 +127,18 @@ def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d):
         if cu_seqlens_d is not None:
             raise ValueError("maxsim: pass either a list of document tensors or packed d with cu_seqlens_d, not both")
         d, cu_seqlens_d, max_seqlen_d = pack(d)
-    trusted = max_seqlen_q is not None and max_seqlen_d is not None
+    _checks.check_bool("validate", validate)
+    max_q = _checks.check_max_length("max_seqlen_q", max_seqlen_q)
+    max_d = _checks.check_max_length("max_seqlen_d", max_seqlen_d)
+    trusted = max_q is not None and max_d is not None and not validate
     cu_q, cu_d = _checks.check_packed(q, d, cu_seqlens_q, cu_seqlens_d, check_values=not trusted)
-    if max_seqlen_q is None:
-        max_seqlen_q = _max_length(cu_q)
-    # The kernels need only the query bound; the document bound is the caller's promise (and,
-    # with max_seqlen_q, the switch that skips host reads), read by the reference alone.
-    return q.contiguous(), d.contiguous(), cu_q, cu_d, int(max_seqlen_q)
+    if not trusted:
+        for name, cu, given in (("max_seqlen_q", cu_q, max_q), ("max_seqlen_d", cu_d, max_d)):
+            if given is not None:
+                _checks.check_lengths_fit(name, cu, given)
+        max_q = _max_length(cu_q) if max_q is None else max_q
+        max_d = _max_length(cu_d) if max_d is None else max_d
+    return q.contiguous(), d.contiguous(), cu_q, cu_d, int(max_q), int(max_d), trusted
 
 
 def _max_length(cu: torch.Tensor) -> int:
@@ -132,8 +146,22 @@ def _max_length(cu: torch.Tensor) -> int:
     return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
+def check_packed(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None,
+                 pair_q=None, pair_d=None) -> None:
+    """Check packed inputs fully (one host synchronisation) and raise a ``ValueError``/``TypeError``
+    naming the first problem: offsets that do not start at 0, decrease or miss the packed length,
+    a sequence longer than the max length given, a pair index out of range. Returns None when the
+    inputs are valid: then the trusted path (both max lengths, no host read) scores them all.
+    Arguments as :func:`maxsim_varlen` / :func:`score_pairs_packed`."""
+    q, d, cu_q, cu_d, *_ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d, True)
+    if (pair_q is None) != (pair_d is None):
+        raise ValueError("maxsim: give both pair_q and pair_d, or neither")
+    if pair_q is not None:
+        _checks.check_pairs(pair_q, pair_d, cu_q.numel() - 1, cu_d.numel() - 1, q.device, check_values=True)
+
+
 def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None, *,
-                  backward="auto"):
+                  backward="auto", validate=False):
     """MaxSim of every packed query against every packed document, without padding.
 
     Args:
@@ -142,48 +170,79 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         cu_seqlens_q: int32/int64 ``[Nq + 1]``: query i is rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``.
         cu_seqlens_d: int32/int64 ``[Nd + 1]``, likewise.
         max_seqlen_q, max_seqlen_d: the longest query / document. Give both to avoid any host
-            synchronisation; the cu_seqlens values are then trusted (not read on the host).
+            synchronisation; the cu_seqlens values are then trusted (not read on the host): a
+            score whose query or document is invalid (offsets that decrease or run past the
+            packed data, a sequence longer than its max length) is NaN, never a wrong number.
         backward: grad_d/grad_q reduction when q or d requires grad: ``"unified"`` (fp32 atomics)
             or ``"lowmem"`` (destination-owned, deterministic); ``"auto"`` is the dense rule:
             unified unless its fp32 buffers of q's and d's size would pass 2 GiB.
+        validate: check every value on the host even with both max lengths (one synchronisation),
+            raising an error that names the problem instead of scoring it NaN.
 
     Returns:
         ``[Nq, Nd]`` fp32; an empty sequence contributes 0 (and gets zero gradient). Same as
         ``maxsim.maxsim`` on the padded tensors with masks (``maxsim.pad``), with work
         proportional to the real tokens. Differentiable in q and d (through a list's tensors too).
     """
-    q, d, cu_q, cu_d, max_q = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+    q, d, cu_q, cu_d, max_q, max_d, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
+                                                 validate)
     if backend_for(q.device) == "reference":
-        return _reference(q, d, cu_q, cu_d, max_q)
-    return _run(q, d, cu_q, cu_d, max_q, None, None, backward)
+        return _pytorch_backend(pytorch_backend(), q, d, cu_q, cu_d, max_q, max_d, None, None)
+    return _run(q, d, cu_q, cu_d, max_q, max_d, None, None, backward)
 
 
 def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None, *,
-                       backward="auto"):
+                       backward="auto", validate=False):
     """MaxSim of chosen (query, document) pairs of packed batches: the reranking shape.
 
     Args:
         q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d: as :func:`maxsim_varlen`.
         pair_q, pair_d: integer ``[P]``: pair p scores query ``pair_q[p]`` against document
             ``pair_d[p]``. With both max lengths given nothing is read on the host: an index out
-            of range then scores NaN instead of raising.
-        backward: as :func:`maxsim_varlen`.
+            of range (negative ones included: -1 does not wrap) then scores NaN instead of
+            raising, as does a pair whose query or document is invalid.
+        backward, validate: as :func:`maxsim_varlen`.
 
     Returns:
         ``[P]`` fp32, differentiable in q and d.
     """
-    q, d, cu_q, cu_d, max_q = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+    q, d, cu_q, cu_d, max_q, max_d, trusted = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q,
+                                                       max_seqlen_d, validate)
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
-    _checks.check_pairs(pair_q, pair_d, Nq, Nd, q.device, check_values=max_seqlen_q is None or max_seqlen_d is None)
+    _checks.check_pairs(pair_q, pair_d, Nq, Nd, q.device, check_values=not trusted)
     pq, pd = pair_q.to(torch.int64), pair_d.to(torch.int64)
     if backend_for(q.device) == "reference":
-        full = _reference(q, d, cu_q, cu_d, max_q)  # [Nq, Nd]
-        return full[pq, pd] if pq.numel() else full.new_zeros(0)
-    return _run(q, d, cu_q, cu_d, max_q, pq, pd, backward)
+        return _pytorch_backend(pytorch_backend(), q, d, cu_q, cu_d, max_q, max_d, pq, pd)
+    return _run(q, d, cu_q, cu_d, max_q, max_d, pq, pd, backward)
 
 
-def _reference(q, d, cu_q, cu_d, max_q):
-    """The contract in PyTorch: pad with masks and use the dense reference."""
-    Qp, qm = packed_to_padded(q, cu_q, max_q)
-    Dp, dm = packed_to_padded(d, cu_d, _max_length(cu_d))
-    return reference.maxsim_reference(Qp, Dp, qm, dm)
+def _pytorch_backend(backend, q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d):
+    """The CPU backend (``"cpu"``) or the plain reference (``"reference"``) on packed inputs, with the
+    trusted path's rule: invalid sequences are emptied before scoring, their outputs set to NaN."""
+    q_ok = _checks.sequences_valid(cu_q, q.shape[0], max_q)  # [Nq]
+    d_ok = _checks.sequences_valid(cu_d, d.shape[0], max_d)  # [Nd]
+    q_start, q_len = _emptied(cu_q, q_ok)
+    d_start, d_len = _emptied(cu_d, d_ok)
+    if pair_q is None:
+        ok = q_ok[:, None] & d_ok[None, :]  # [Nq, Nd]
+    else:
+        ok = _checks.pairs_valid(pair_q, pair_d, q_ok, d_ok)  # [P]
+        if not (q_ok.numel() and d_ok.numel()):
+            return torch.full(pair_q.shape, float("nan"), dtype=torch.float32, device=q.device)
+        pair_q = torch.where(ok, pair_q, 0)
+        pair_d = torch.where(ok, pair_d, 0)
+    if backend == "cpu":
+        scores = varlen_cpu(q, d, q_start, q_len, d_start, d_len, pair_q, pair_d)
+    else:
+        Qp, qm = padded(q, q_start, q_len)
+        Dp, dm = padded(d, d_start, d_len)
+        scores = reference.maxsim_reference(Qp, Dp, qm, dm)  # [Nq, Nd]
+        if pair_q is not None:
+            scores = scores[pair_q, pair_d]
+    return torch.where(ok, scores, torch.full((), float("nan"), device=scores.device))
+
+
+def _emptied(cu: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start, length) int64 ``[N]`` of cu's sequences, an invalid one emptied (0, 0)."""
+    start = torch.where(ok, cu[:-1], 0)
+    return start, torch.where(ok, cu[1:] - cu[:-1], 0)

@@ -1,0 +1,292 @@
+"""The CPU backend (maxsim.cpu, what CPU tensors run) against the float64 oracle and the plain
+reference, rule by rule: layouts, masks in both modes, NaN, ties, empty sets, argmax, normalize,
+gradients, chunking and the worker pool."""
+
+import math
+
+import pytest
+import torch
+
+import maxsim
+from maxsim.cpu import engine, maxsim_cpu
+from maxsim.reference import maxsim_reference
+from oracle import oracle, rel_err, winner_grads
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MODES = ["exclude", "multiply"]
+
+
+@pytest.fixture(params=["small", "team", "workers"])
+def pool(request, monkeypatch):
+    """Every way the engine runs its chunks (forced for small inputs, with chunks of a few KB so
+    that there are many): a small call on the caller's thread alone, a large one on the caller's
+    intra-op team, or on the caller and the worker pool."""
+    if request.param != "small":
+        monkeypatch.setattr(engine, "_POOL_MIN_FLOPS", 0)
+        monkeypatch.setenv("MAXSIM_CPU_THREADS", request.param)
+    return request.param
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+def check(Q, D, q_mask=None, d_mask=None, tol=1e-5, chunk=2048, **kw):
+    scores, arg = maxsim_cpu(Q, D, q_mask, d_mask, return_argmax=True, max_chunk_bytes=chunk, **kw)
+    ref, ref_arg = oracle(Q, D, q_mask, d_mask, **kw)
+    assert scores.dtype == torch.float32 and arg.dtype == torch.int32
+    assert rel_err(scores, ref) <= tol
+    assert torch.equal(arg.long(), ref_arg)
+    # Without the argmax (amax instead of max): the same scores, NaN where they are NaN.
+    torch.testing.assert_close(maxsim_cpu(Q, D, q_mask, d_mask, max_chunk_bytes=chunk, **kw), scores,
+                               rtol=0, atol=0, equal_nan=True)
+    return scores
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nq,nd,lq,ld,d", [(3, 4, 5, 7, 16), (2, 3, 1, 1, 8), (1, 9, 13, 31, 24), (4, 40, 6, 3, 8)])
+def test_cross_product_matches_oracle(pool, dtype, nq, nd, lq, ld, d):
+    check(rand(nq, lq, d, dtype=dtype), rand(nd, ld, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_candidate_lists_match_oracle(pool, dtype):
+    check(rand(3, 6, 16, dtype=dtype), rand(3, 5, 9, 16, dtype=dtype))
+
+
+@pytest.mark.parametrize("mask_mode", MODES)
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("candidates", [False, True], ids=["cross", "candidates"])
+def test_masks_with_holes_and_empty_rows(pool, mask_mode, normalize, candidates):
+    Q = rand(4, 8, 16)
+    D = rand(4, 6, 11, 16) if candidates else rand(9, 11, 16)
+    q_mask = torch.rand(4, 8) > 0.4
+    d_mask = torch.rand(D.shape[:-1]) > 0.5
+    q_mask[1] = False  # a query with no real token
+    d_mask[..., 2, :] = False  # a document with no real token
+    d_mask[..., 3, :] = True  # and one with no masked token
+    for qm, dm in [(q_mask, None), (None, d_mask), (q_mask, d_mask)]:
+        scores = check(Q, D, qm, dm, mask_mode=mask_mode, normalize=normalize)
+        if qm is not None:
+            assert torch.all(scores[1] == 0)
+        if dm is not None and mask_mode == "exclude":
+            assert torch.all(scores[:, 2] == 0)
+
+
+def test_ragged_prefix_masks_sorted_into_chunks(pool):
+    # Many documents of very different lengths: chunks group similar lengths, padded by repetition.
+    Q, D = rand(3, 7, 16), rand(50, 40, 16)
+    d_mask = torch.arange(40)[None, :] < torch.randint(0, 41, (50, 1))
+    check(Q, D, None, d_mask, chunk=3000)
+
+
+def test_multiply_mode_is_pylate():
+    Q, D = rand(3, 5, 16), rand(4, 7, 16)
+    q_mask = torch.rand(3, 5) > 0.3
+    d_mask = torch.rand(4, 7) > 0.3
+    S = torch.einsum("ash,bth->abst", Q, D) * q_mask[:, None, :, None] * d_mask[None, :, None, :]
+    torch.testing.assert_close(maxsim_cpu(Q, D, q_mask, d_mask, mask_mode="multiply"), S.max(-1).values.sum(-1),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_empty_sets_give_zero_scores():
+    for nq, nd, lq, ld in [(0, 3, 4, 5), (2, 0, 4, 5), (2, 3, 0, 5), (2, 3, 4, 0)]:
+        out, arg = maxsim_cpu(rand(nq, lq, 8), rand(nd, ld, 8), return_argmax=True)
+        assert out.shape == (nq, nd) and torch.all(out == 0)
+        assert arg.shape == (nq, nd, lq) and torch.all(arg == -1)
+    all_masked = torch.zeros(3, 5, dtype=torch.bool)
+    out, arg = maxsim_cpu(rand(2, 4, 8), rand(3, 5, 8), None, all_masked, return_argmax=True)
+    assert torch.all(out == 0) and torch.all(arg == -1)
+
+
+def test_nan_propagates_and_masked_nan_does_not(pool):
+    Q, D = rand(2, 3, 8), rand(3, 4, 8)
+    D[1, 2, 5] = math.nan
+    out, arg = maxsim_cpu(Q, D, return_argmax=True, max_chunk_bytes=256)
+    assert torch.isnan(out[:, 1]).all() and not torch.isnan(out[:, [0, 2]]).any()
+    assert torch.all(arg[:, 1] == 2)  # the NaN token wins
+    d_mask = torch.ones(3, 4, dtype=torch.bool)
+    d_mask[1, 2] = False
+    assert not torch.isnan(maxsim_cpu(Q, D, None, d_mask)).any()
+    # PyLate's rule multiplies the NaN by 0: NaN, as in the reference.
+    assert torch.equal(maxsim_cpu(Q, D, None, d_mask, mask_mode="multiply").isnan(),
+                       maxsim_reference(Q, D, None, d_mask, mask_mode="multiply").isnan())
+    Q[0, 1, 0] = math.nan
+    q_mask = torch.ones(2, 3, dtype=torch.bool)
+    q_mask[0, 1] = False
+    assert not torch.isnan(maxsim_cpu(Q, D, q_mask, d_mask)).any()
+
+
+def test_ties_go_to_lowest_index(pool):
+    Q, D = rand(2, 3, 8), rand(2, 6, 8)
+    D[:, 4] = D[:, 1]  # exact duplicates: the same similarity at t = 1, 4 and 5
+    D[:, 5] = D[:, 1]
+    d_mask = torch.ones(2, 6, dtype=torch.bool)
+    d_mask[:, 0] = False  # the gathered path (the first real token is repeated as padding)
+    for dm in (None, d_mask):
+        _, arg = maxsim_cpu(Q, D, None, dm, return_argmax=True)
+        assert torch.equal(arg.long(), oracle(Q, D, None, dm)[1])
+        assert not torch.any((arg == 4) | (arg == 5))
+
+
+def test_two_d_inputs():
+    q, doc = rand(5, 16), rand(7, 16)
+    Q, D = rand(3, 5, 16), rand(4, 7, 16)
+    assert maxsim_cpu(q, doc).shape == ()
+    assert maxsim_cpu(q, D).shape == (4,)
+    assert maxsim_cpu(Q, doc).shape == (3,)
+    torch.testing.assert_close(maxsim_cpu(Q, doc), maxsim_reference(Q, doc))
+
+
+@pytest.mark.parametrize("mask_mode", MODES)
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("candidates", [False, True], ids=["cross", "candidates"])
+def test_gradients_match_the_reference(mask_mode, normalize, candidates):
+    Q = rand(3, 5, 16)
+    D = rand(3, 4, 7, 16) if candidates else rand(6, 7, 16)
+    q_mask = torch.rand(3, 5) > 0.3
+    d_mask = torch.rand(D.shape[:-1]) > 0.3
+    g = torch.randn(3, 4 if candidates else 6)
+
+    def grads(fn):
+        Qg, Dg = Q.clone().requires_grad_(), D.clone().requires_grad_()
+        (fn(Qg, Dg, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode) * g).sum().backward()
+        return Qg.grad, Dg.grad
+
+    ours, ref = grads(maxsim_cpu), grads(maxsim_reference)
+    assert rel_err(ours[0], ref[0]) < 1e-5 and rel_err(ours[1], ref[1]) < 1e-5
+
+
+def test_gradients_match_the_oracle_at_the_winners_and_keep_their_dtype():
+    for dtype in DTYPES:
+        Q, D = rand(4, 6, 16, dtype=dtype), rand(5, 9, 16, dtype=dtype)
+        Qg, Dg = Q.clone().requires_grad_(), D.clone().requires_grad_()
+        scores, arg = maxsim_cpu(Qg, Dg, return_argmax=True, max_chunk_bytes=512)
+        g = torch.randn(scores.shape, generator=torch.Generator().manual_seed(0)).double()
+        (scores * g.float()).sum().backward()
+        assert Qg.grad.dtype == dtype and Dg.grad.dtype == dtype
+        ref_q, ref_d = winner_grads(Q, D, arg)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert rel_err(Qg.grad, ref_q) < tol and rel_err(Dg.grad, ref_d) < tol
+
+
+def test_masked_nan_does_not_leak_into_gradients():
+    Q, D = rand(2, 3, 8), rand(3, 4, 8)
+    D[1, 2] = math.nan
+    d_mask = torch.ones(3, 4, dtype=torch.bool)
+    d_mask[1, 2] = False
+    Qg = Q.clone().requires_grad_()
+    maxsim_cpu(Qg, D, None, d_mask).sum().backward()
+    assert torch.isfinite(Qg.grad).all()
+
+
+def test_workers_run_on_the_pool_and_restore_the_callers_threads(monkeypatch):
+    monkeypatch.setattr(engine, "_POOL_MIN_FLOPS", 0)
+    monkeypatch.setenv("MAXSIM_CPU_THREADS", "workers")
+    threads = set()
+    real = engine._chunk_rowmax
+
+    def spy(*args, **kw):
+        threads.add((__import__("threading").get_ident(), torch.get_num_threads()))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine, "_chunk_rowmax", spy)
+    own = torch.get_num_threads()
+    Q, D = rand(2, 4, 8), rand(64, 9, 8)
+    out = maxsim_cpu(Q, D, max_chunk_bytes=512)
+    assert torch.get_num_threads() == own
+    assert all(n == 1 for _, n in threads)  # every chunk's ops on one thread
+    if own > 1:
+        assert len(threads) >= 1
+    assert rel_err(out, oracle(Q, D)[0]) < 1e-5
+    monkeypatch.setenv("MAXSIM_CPU_THREADS", "many")
+    with pytest.raises(ValueError, match="MAXSIM_CPU_THREADS must be 'team' or 'workers'"):
+        maxsim_cpu(Q, D, max_chunk_bytes=512)
+
+
+def test_chunk_columns_bound_the_scratch():
+    budget = engine.DEFAULT_CHUNK_BYTES
+    for R, d, rows in [(32, 128, 150_000), (1024, 128, 4096), (1, 768, 10), (5000, 16, 10**6), (64, 768, 12800)]:
+        for copies in (False, True):
+            for workers in (1, 2):
+                cols = engine._chunk_columns(R, d, rows, budget, copies=copies, workers=workers)
+                assert cols >= 1
+                assert cols == 1 or cols * R * 4 <= budget  # S
+                assert not copies or cols == 1 or cols * d * 4 <= 2 * budget  # the chunk's fp32 rows
+                assert workers == 1 or cols <= max(256, -(-rows // 6))  # three chunks per worker
+
+
+def test_inference_mode_and_no_grad_on_the_pool(pool):
+    Q, D = rand(3, 8, 16), rand(20, 9, 16)
+    d_mask = torch.rand(20, 9) > 0.3
+    ref = maxsim_reference(Q, D, None, d_mask)
+    with torch.inference_mode():
+        a = maxsim_cpu(Q, D, None, d_mask, max_chunk_bytes=1024)
+    with torch.no_grad():
+        b = maxsim_cpu(Q, D, None, d_mask, max_chunk_bytes=1024)
+    assert rel_err(a, ref.double()) < 1e-5 and torch.equal(a, b)
+
+
+def test_public_entry_points_dispatch_to_it(monkeypatch):
+    calls = []
+    import maxsim.dense.ops as dense_ops
+
+    monkeypatch.setattr(dense_ops, "maxsim_cpu", lambda *a, **k: calls.append("cpu") or maxsim_cpu(*a, **k))
+    monkeypatch.setattr(maxsim.reference, "maxsim_reference",
+                        lambda *a, **k: calls.append("reference") or maxsim_reference(*a, **k))
+    Q, D = rand(2, 4, 8), rand(3, 5, 8)
+    monkeypatch.setenv("MAXSIM_BACKEND", "auto")
+    a = maxsim.maxsim(Q, D)
+    monkeypatch.setenv("MAXSIM_BACKEND", "reference")
+    b = maxsim.maxsim(Q, D)
+    monkeypatch.setenv("MAXSIM_BACKEND", "cpu")
+    c = maxsim.maxsim(Q, D)
+    assert calls == ["cpu", "reference", "cpu"]
+    assert torch.allclose(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_cross_and_pairs_on_the_cpu_backend(monkeypatch, pool, dtype):
+    monkeypatch.setenv("MAXSIM_BACKEND", "cpu")
+    qs = [rand(n, 16, dtype=dtype) for n in (5, 0, 9, 40, 1)]
+    ds = [rand(n, 16, dtype=dtype) for n in (7, 1, 0, 70, 33, 64, 65)]
+    out = maxsim.maxsim_varlen(qs, ds)
+    ref = torch.tensor([[float(maxsim_reference(q, doc)) if len(q) and len(doc) else 0.0 for doc in ds] for q in qs])
+    assert rel_err(out, ref) < 1e-5
+    q, cu_q, mq = maxsim.pack(qs)
+    d, cu_d, md = maxsim.pack(ds)
+    pq = torch.tensor([3, 0, 3, 2, 1, 4, 3])
+    pd = torch.tensor([6, 0, 3, 2, 2, 0, 6])
+    pairs = maxsim.score_pairs_packed(q, d, cu_q, cu_d, pq, pd, max_seqlen_q=mq, max_seqlen_d=md)
+    assert rel_err(pairs, ref[pq, pd]) < 1e-5
+
+
+def test_varlen_gradients_on_the_cpu_backend(monkeypatch):
+    q, cu_q, mq = maxsim.pack([rand(n, 16) for n in (4, 11, 1)])
+    d, cu_d, md = maxsim.pack([rand(n, 16) for n in (9, 0, 20, 3)])
+
+    def grads(backend):
+        monkeypatch.setenv("MAXSIM_BACKEND", backend)
+        qg, dg = q.clone().requires_grad_(), d.clone().requires_grad_()
+        s = maxsim.maxsim_varlen(qg, dg, cu_q, cu_d, mq, md)
+        p = maxsim.score_pairs_packed(qg, dg, cu_q, cu_d, torch.tensor([2, 0, 1]), torch.tensor([3, 2, 2]), mq, md)
+        (s * torch.arange(12.0).view(3, 4)).sum().add(p.sum()).backward()
+        return qg.grad, dg.grad
+
+    ours, ref = grads("cpu"), grads("reference")
+    assert rel_err(ours[0], ref[0]) < 1e-5 and rel_err(ours[1], ref[1]) < 1e-5
+
+
+@pytest.mark.parametrize("mask_mode", MODES)
+def test_documents_longer_than_a_chunk_run_in_pieces(pool, mask_mode):
+    # A chunk of 256 bytes holds ~10 document rows against 6 query rows: every document is split
+    # into pieces whose maxima (ties, NaN, argmax) are combined in order.
+    Q, D = rand(2, 3, 8), rand(3, 57, 8)
+    D[1, 40] = D[1, 3]  # a tie across pieces: the earlier piece wins
+    D[2, 33, 1] = math.nan  # a NaN in a later piece wins
+    d_mask = torch.rand(3, 57) > 0.3
+    d_mask[1, 3] = d_mask[1, 40] = True
+    d_mask[2, 33] = True
+    for qm, dm in [(None, None), (torch.rand(2, 3) > 0.3, d_mask)]:
+        check(Q, D, qm, dm, chunk=256, mask_mode=mask_mode)
+    check(Q, rand(2, 4, 57, 8), None, torch.rand(2, 4, 57) > 0.5, chunk=256, mask_mode=mask_mode)
