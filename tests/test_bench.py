@@ -20,6 +20,7 @@ from maxsim.bench.shapes import (
     CPU_SHAPES,
     GPU_SHAPES,
     H200,
+    NAMED_SETS,
     SHAPE_SETS,
     TRAIN_CPU_SHAPES,
     TRAIN_GPU_SHAPES,
@@ -305,13 +306,13 @@ def _dims_in_name(name):
         said["nq"], said["nd"] = pairs.pop(0)
     if pairs:
         said["lq"], said["ld"] = pairs.pop(0)
-    if "colpali" in name:
+    if "colpali" in name and "lq" not in said:
         said["lq"] = said["ld"] = 1024
     return said
 
 
-@pytest.mark.parametrize("shape", [s for sets in SHAPE_SETS.values() for shape_set in sets for s in shape_set],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", [s for sets in SHAPE_SETS.values() for shape_set in sets for s in shape_set]
+                         + NAMED_SETS["models"] + NAMED_SETS["models_train"], ids=lambda s: s.name)
 def test_shape_names_say_their_dimensions(shape):
     said = _dims_in_name(shape.name)
     assert "nq" in said and "nd" in said, f"{shape.name} does not say Nq x Nd"

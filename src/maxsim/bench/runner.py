@@ -549,8 +549,8 @@ def table_notes(mode: str, roofline: Roofline | None, device: str) -> str:
         notes.append("ms: median of calls each after an L2 flush (cold L2).")
         notes.append("peak MB: max allocated during a call minus allocated before it (inputs).")
     else:
-        notes.append("ms: median wall time of a few calls. On the CPU maxsim runs maxsim.reference, plain "
-                     "PyTorch (hence its rel err of 0); the Triton kernels need a CUDA GPU.")
+        notes.append("ms: median wall time of a few calls. On the CPU maxsim runs its CPU backend (maxsim.cpu: "
+                     "blocked GEMMs in PyTorch, docs/cpu.md); the Triton kernels need a CUDA GPU.")
     if mode == "train" and device == "cuda":
         notes.append("wall ms: steps enqueued back to back, one sync at the end (a training loop's time per step).")
     notes.append("maxsim x: this row's ms / maxsim's ms on the same shape (how many times faster maxsim is; "
@@ -755,8 +755,11 @@ def list_shapes_and_providers() -> str:
                 mask = "" if dims["masks"] == "-" else f", masks {dims['masks']}"
                 lines.append(f"    {s.name:24s} {docs}, Lq {dims['Lq']}, Ld {dims['Ld']}, d {dims['d']}, "
                              f"{dims['dtype']}{mask}")
+    described = {"sweep": "forward: the Nq x Lq x Ld x d grid", "sweep_cpu": "forward: the grid, scaled down",
+                 "models": "forward: real models' configurations, rerank and search, 16-bit and fp32",
+                 "models_train": "--mode train: real models' in-batch and distillation steps, 16-bit and fp32"}
     for name, shapes in NAMED_SETS.items():
-        lines.append(f"set '{name}': {len(shapes)} forward shapes (Nq x Lq x Ld x d grid)")
+        lines.append(f"set '{name}': {len(shapes)} shapes ({described.get(name, 'forward')}), e.g. {shapes[0].name}")
     return "\n".join(lines)
 
 

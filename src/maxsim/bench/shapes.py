@@ -171,13 +171,54 @@ SWEEP_GPU_SHAPES = _sweep(1e-3, 200_000, (1, 8, 32, 128), (32, 128, 1024), (128,
 SWEEP_CPU_SHAPES = [Shape(s.name + "_nd4", s.nq, 4, s.lq, s.ld, d=s.d)
                     for s in _sweep(1e-3, 16, (1, 8), (32, 128), (128, 300), (64, 128))]
 
+
+# Real models (their published configurations: embedding dim, query length, document or page
+# length, the dtype they run in) in the regimes their users run: rerank (1 query x 1K documents),
+# search (32 x 100K passages, 32 x 10K pages), an in-batch training step (64 x 64) and a
+# candidate-list distillation step (32 queries x 32 candidates); padding masks on both sides; in
+# the model's 16-bit dtype and in fp32 (what PyLate's encode and most numpy pipelines hand over).
+# name: (d, Lq, Ld, 16-bit dtype, search corpus size)
+MODELS = {
+    "colbertv2": (128, 32, 180, "fp16", 100_000),  # colbert-ir/colbertv2.0, MS MARCO passages
+    "answerai-small": (96, 32, 300, "fp16", 100_000),  # answerdotai/answerai-colbert-small-v1
+    "jina-v2": (128, 32, 512, "bf16", 100_000),  # jinaai/jina-colbert-v2 (Matryoshka: 128, 96, 64)
+    "jina-v2-d96": (96, 32, 512, "bf16", 100_000),
+    "jina-v2-d64": (64, 32, 512, "bf16", 100_000),
+    "gte-moderncolbert": (128, 32, 300, "bf16", 100_000),  # lightonai/GTE-ModernColBERT-v1
+    "mxbai-edge-32m": (64, 48, 512, "bf16", 100_000),  # mixedbread-ai/mxbai-edge-colbert-v0-32m
+    "colpali-v1.3": (128, 32, 1030, "bf16", 10_000),  # vidore: 1024 patches + 6 prefix tokens a page
+    "colqwen2.5": (128, 32, 768, "bf16", 10_000),  # vidore/colqwen2.5: at most 768 visual tokens a page
+}
+
+
+def _model_shapes(train: bool) -> list[Shape]:
+    shapes = []
+    for model, (d, lq, ld, dtype16, n_search) in MODELS.items():
+        for dtype in (dtype16, "fp32"):
+            tag = f"{lq}x{ld}_d{d}_{dtype}"
+            if train:
+                shapes.append(Shape(f"m_{model}_train_64x64_{tag}", 64, 64, lq, ld, d=d, dtype=dtype, masked=True))
+                shapes.append(Shape(f"m_{model}_distill_32x32_{tag}", 32, 32, lq, ld, d=d, dtype=dtype, masked=True,
+                                    candidates=True))
+            else:
+                shapes.append(Shape(f"m_{model}_rerank_1x1k_{tag}", 1, 1_000, lq, ld, d=d, dtype=dtype, masked=True))
+                n = f"{n_search // 1000}k"
+                shapes.append(Shape(f"m_{model}_search_32x{n}_{tag}", 32, n_search, lq, ld, d=d, dtype=dtype,
+                                    masked=True))
+    return shapes
+
+
+MODEL_SHAPES = _model_shapes(train=False)
+MODEL_TRAIN_SHAPES = _model_shapes(train=True)
+
 SHAPE_SETS = {
     "forward": (GPU_SHAPES, CPU_SHAPES),
     "train": (TRAIN_GPU_SHAPES, TRAIN_CPU_SHAPES),
     "varlen": (VARLEN_GPU_SHAPES, VARLEN_CPU_SHAPES),
 }
 # Shape-set names ``--shapes`` accepts besides single shapes (forward mode).
-NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES}
+NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES, "models": MODEL_SHAPES,
+              "models_train": MODEL_TRAIN_SHAPES}
 
 
 def default_shapes(device: str, mode: str = "forward") -> list[Shape]:
