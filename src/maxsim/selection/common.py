@@ -56,23 +56,25 @@ def format_config(config) -> str:
 
 
 def auto_strategy(one_query_per_document: bool, lq: int, fp32_buffer_bytes: int,
-                  one_hot_kernel: bool) -> tuple[str, str, str]:
+                  one_hot_kernel: bool) -> tuple[str, str, str, str]:
     """``backward="auto"``, the one rule for dense and packed calls: (strategy, why, why not the
-    other). ``one_query_per_document``: each document belongs to one query (candidate lists);
+    other, the benchmark record behind it). ``one_query_per_document``: each document belongs to one query (candidate lists);
     ``one_hot_kernel``: the family has lowmem's one-hot kernel for that case (a declared
     capability: the dense family has it, the packed one not)."""
     gib = fp32_buffer_bytes / 2**30
     limit = T.UNIFIED_MAX_FP32_BYTES / 2**30
     if one_query_per_document and one_hot_kernel and lq <= T.LISTS_MAX_LQ:
         return ("lowmem", f"candidate lists with Lq {lq} <= {T.LISTS_MAX_LQ}: the one-hot kernel is faster there "
-                f"and needs no fp32 buffer (record: results/lists-threshold-20261130-0136.log)",
-                "slower on candidate lists up to Lq 512, and needs an fp32 buffer of D's size")
+                f"and needs no fp32 buffer",
+                f"slower on candidate lists up to Lq {T.LISTS_MAX_LQ}, and needs an fp32 buffer of D's size",
+                "results/lists-threshold-20261130-0136.log")
     if fp32_buffer_bytes > T.UNIFIED_MAX_FP32_BYTES:
         return ("lowmem", f"unified's fp32 buffer would be {gib:.1f} GiB, above the {limit:.0f} GiB auto limit",
-                f"its fp32 buffer of {gib:.1f} GiB passes the {limit:.0f} GiB limit of backward='auto'")
-    return ("unified", "the fastest strategy here (fp32 atomics; last bits of grad_D vary run to run; "
-            "record: results/train-20261130-012414.csv)",
-            "slower here (deterministic and lighter: pick it with backward='lowmem')")
+                f"its fp32 buffer of {gib:.1f} GiB passes the {limit:.0f} GiB limit of backward='auto'",
+                "a memory rule, not a timing")
+    return ("unified", "the fastest strategy here (fp32 atomics; the last bits of grad_D vary run to run)",
+            "slower here (deterministic and lighter: pick it with backward='lowmem')",
+            "results/train-20261130-012414.csv")
 
 
 def clamp(config, family: str, varlen: bool = False):

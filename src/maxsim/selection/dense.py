@@ -132,14 +132,15 @@ def strategy_choice(backward: str, Q: torch.Tensor, D: torch.Tensor) -> Choice:
     Nq, Lq, d = Q.shape
     candidates = D.shape[0] != 1
     chosen = strategy(backward, D, Lq)
-    _, why, why_not = auto_strategy(candidates, Lq, D.numel() * 4, one_hot_kernel=True)
+    _, why, why_not, record = auto_strategy(candidates, Lq, D.numel() * 4, one_hot_kernel=True)
     reason = why if backward == "auto" else f"backward={backward!r} was asked for"
     lowmem = specs.LOWMEM_LISTS_BACKWARD if candidates else specs.LOWMEM_OWNED_BACKWARD
     kernel = specs.UNIFIED_BACKWARD if chosen == "unified" else lowmem
     other = lowmem if chosen == "unified" else specs.UNIFIED_BACKWARD
     config = backward_config(chosen, Q.shape, D.shape)
     other_words = why_not if backward == "auto" else "not asked for"
-    return Choice(kernel, config, reason, "see BENCHMARKS.md, training", ((other.name, other_words),))
+    return Choice(kernel, config, reason, record if backward == "auto" else "the caller's choice",
+                  ((other.name, other_words),))
 
 
 @functools.lru_cache(maxsize=1024)

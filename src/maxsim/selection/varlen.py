@@ -45,11 +45,12 @@ def strategy(backward: str, q: torch.Tensor, d: torch.Tensor, max_q: int) -> str
 
 def strategy_choice(backward: str, q: torch.Tensor, d: torch.Tensor, max_q: int, n_pairs: int) -> Choice:
     chosen = strategy(backward, q, d, max_q)
-    _, why, why_not = auto_strategy(False, max_q, (q.numel() + d.numel()) * 4, one_hot_kernel=False)
+    _, why, why_not, record = auto_strategy(False, max_q, (q.numel() + d.numel()) * 4, one_hot_kernel=False)
     kernel = specs.UNIFIED_BACKWARD if chosen == "unified" else specs.LOWMEM_BACKWARD
     other = specs.LOWMEM_BACKWARD if chosen == "unified" else specs.UNIFIED_BACKWARD
     reason = why if backward == "auto" else f"backward={backward!r} was asked for"
-    return Choice(kernel, backward_config(chosen, max_q, q.shape[1], n_pairs), reason, "see BENCHMARKS.md, varlen",
+    return Choice(kernel, backward_config(chosen, max_q, q.shape[1], n_pairs), reason,
+                  record if backward == "auto" else "the caller's choice",
                   ((other.name, why_not if backward == "auto" else "not asked for"),))
 
 
