@@ -5,9 +5,11 @@
     python benchmarks/search_bench.py --parts stream --stream-gb 4 --budget-gb 2 --mmap-dir /scratch
 
 Parts:
-  topk    maxsim.search.topk vs all scores + torch.topk (and flash-maxsim's flash_maxsim_topk,
-          late-interaction-kernels' retrieve when importable) on Nq x Nd (Lq, Ld) fp16 shapes;
-          ms (CUDA events, median), peak GPU memory above the inputs.
+  topk    maxsim.search.topk (as selected, then each path: chunked, fused) vs all scores +
+          torch.topk (and flash-maxsim's flash_maxsim_topk, late-interaction-kernels' retrieve when
+          importable) on Nq x Nd (Lq, Ld) fp16 shapes; ms (CUDA events, median), peak GPU memory
+          above the inputs. Where the selection does not fuse, the fused kernel is also timed on
+          the Triton tile (forced) and the reason is printed.
   stream  Corpus.search of one short query over a pinned host corpus and over a memory-mapped
           corpus file, against the plain pinned host-to-device copy rate and a sequential file
           read rate measured in the same run; GB/s and % of those rates.
@@ -27,6 +29,9 @@ import torch
 
 import maxsim
 from maxsim.search import Corpus, topk
+from maxsim.search.fused_topk import fused_topk
+from maxsim.search.specs import FUSED_TOPK
+from maxsim.selection.search import topk_choice
 
 
 def cuda_ms(fn, repeat: int) -> float:
@@ -67,17 +72,32 @@ def part_topk(args):
         Q = torch.randn(nq, lq, 128, device="cuda", dtype=torch.float16)
         D = torch.randn(nd, ld, 128, device="cuda", dtype=torch.float16)
         k = args.k
+        # --topk-masked: an all-True d_mask (the masked kernels: the Triton forward everywhere).
+        dm = torch.ones(nd, ld, dtype=torch.bool, device="cuda") if args.topk_masked else None
         cands = {
-            "maxsim (scores only)": lambda: maxsim.maxsim(Q, D),
-            "maxsim + torch.topk": lambda: torch.topk(maxsim.maxsim(Q, D), k, dim=1),
-            "maxsim.search.topk": lambda: topk(Q, D, k),
+            "maxsim (scores only)": lambda: maxsim.maxsim(Q, D, None, dm),
+            "maxsim + torch.topk": lambda: torch.topk(maxsim.maxsim(Q, D, None, dm), k, dim=1),
+            "maxsim.search.topk": lambda: topk(Q, D, k, None, dm),
+            "maxsim.search.topk chunked": lambda: topk(Q, D, k, None, dm, path="chunked"),
         }
+        # The fused kernel: where the selection runs it (path "auto" above is then the same call),
+        # and, where it does not (maxsim.maxsim takes the warp-specialized kernel), forced on the
+        # Triton table's tile, to measure what fusing would cost there (its last bits may differ).
+        choice = topk_choice(Q, D, k, masked=dm is not None, normalize=False)
+        print(f"# {nq}x{nd} ({lq},{ld}) k={k}: maxsim.topk runs {choice.kernel.name}"
+              + "".join(f"; not {name}: {why}" for name, why in choice.rejected))
+        if choice.kernel is FUSED_TOPK:
+            cands["maxsim.search.topk fused"] = lambda: topk(Q, D, k, None, dm, path="fused")
+        else:
+            tile = _triton_tile(Q, D)
+            if tile is not None:
+                cands["fused kernel, Triton tile (forced)"] = lambda: fused_topk(Q, D, k, None, dm, config=tile)
         try:
             import flash_maxsim  # noqa: F401
 
             fn = getattr(flash_maxsim, "flash_maxsim_topk", None)
             if fn is not None:
-                cands["flash-maxsim topk"] = lambda: fn(Q, D, k)
+                cands["flash-maxsim topk"] = lambda fn=fn: fn(Q, D, k)
         except Exception:
             pass
         try:
@@ -85,7 +105,7 @@ def part_topk(args):
 
             fn = getattr(lik, "retrieve", None)
             if fn is not None:
-                cands["late-interaction-kernels retrieve"] = lambda: fn(Q, D, k)
+                cands["late-interaction-kernels retrieve"] = lambda fn=fn: fn(Q, D, k)
         except Exception:
             pass
         base_ms = None
@@ -100,10 +120,27 @@ def part_topk(args):
             rows.append([f"{nq}x{nd} ({lq},{ld})", name, f"{ms:.2f}", f"{mb:.0f}", f"{100 * (ms / base_ms - 1):+.1f}%"])
         # Scratch independent of Nd: peak of topk at half the documents.
         half = D[: nd // 2]
-        rows.append([f"{nq}x{nd // 2} ({lq},{ld})", "maxsim.search.topk", "", f"{peak_above(lambda: topk(Q, half, k)):.0f}", ""])
-        del Q, D, half
+        half_mask = None if dm is None else dm[: nd // 2]
+        rows.append([f"{nq}x{nd // 2} ({lq},{ld})", "maxsim.search.topk", "",
+                     f"{peak_above(lambda: topk(Q, half, k, None, half_mask)):.0f}", ""])
+        del Q, D, dm, half, half_mask
         torch.cuda.empty_cache()
     table("top-k vs scoring (fp16, d=128)", ["shape", "provider", "ms", "peak MB above inputs", "vs scores"], rows)
+
+
+def _triton_tile(Q, D):
+    """The dense Triton table's tile for an unmasked call, as a ForwardConfig (None where queries
+    are longer than its row block): what the fused kernel would run if it were allowed to."""
+    from maxsim.selection.dense import features
+    from maxsim.tuning import is_big_corpus
+    from maxsim.tuning import tables as T
+    from maxsim.tuning.configs import ForwardConfig
+    from maxsim.tuning.rules import first_match, next_pow2, tile_of
+
+    Nq, Lq, d = Q.shape
+    f = features(Nq, Lq, d, Q.dtype, False, False, is_big_corpus(D.shape[0] * D.shape[1]))
+    tile = ForwardConfig(**{"waves": 2, "row_max": False, "tma": False, **tile_of(first_match(T.DENSE_FORWARD_SM90, f), f)})
+    return tile if next_pow2(Lq) <= tile.BM else None
 
 
 def _make_corpus(num_tokens: int, length: int, pinned: bool) -> Corpus:
@@ -206,6 +243,8 @@ def main(argv=None):
     p.add_argument("--topk-docs", type=int, default=100_000,
                    help="Nd of the top-k part (the issue's bar: 1000000, which needs 33-77 GB of GPU memory)")
     p.add_argument("--topk-shapes", default="32x32x128,1x32x300", help="NqxLqxLd,... (the issue's bar shapes)")
+    p.add_argument("--topk-masked", action="store_true",
+                   help="give every top-k call an all-True d_mask (the masked kernels: the Triton forward, fused top-k)")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--stream-gb", type=float, default=8.0, help="pinned corpus size of the stream part")
     p.add_argument("--budget-gb", type=float, default=2.0, help="gpu_memory given to the search")

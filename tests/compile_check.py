@@ -38,6 +38,8 @@ from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_ker
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
+from maxsim.compressed.forward import _residual_fwd_kernel
+from maxsim.search.fused_topk import _maxsim_topk_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -201,13 +203,30 @@ def head_variants():
         {k: ("fp32" if v == "bf16" else v) for k, v in ptrs.items()}, 8, 2
 
 
+def compressed_variants():
+    """The fused residual decode (maxsim/compressed/forward.py): one query against a 2- and a 4-bit
+    index (d = 128), every nbits, normalize and argmax, many stacked rows, fp32 decode."""
+    base = dict(BM=32, BN=64, BD=128, SEG=32, NBITS=2, HAS_QMASK=False, NORMALIZE=True, SAVE_ARGMAX=False,
+                DOT_PRECISION="tf32")
+    ptrs = dict(q_ptr="fp16", qmask_ptr="i1", codes_ptr="i32", res_ptr="u8", starts_ptr="i64", ends_ptr="i64",
+                cent_ptr="fp16", w_ptr="fp16", out_ptr="fp32", argmax_ptr="i32")
+    for nbits in (1, 2, 4, 8):  # the table's one-query tile: BN 64, 8 warps, one stage
+        yield f"residual fwd one query nbits={nbits}", _residual_fwd_kernel, dict(base, NBITS=nbits), ptrs, 8, 1
+    yield "residual fwd one query nbits=2 raw", _residual_fwd_kernel, dict(base, NORMALIZE=False), ptrs, 8, 1
+    yield "residual fwd int64 codes q_mask argmax", _residual_fwd_kernel, \
+        dict(base, NBITS=4, HAS_QMASK=True, SAVE_ARGMAX=True), dict(ptrs, codes_ptr="i64"), 8, 1
+    yield "residual fwd 128 stacked rows", _residual_fwd_kernel, dict(base, BM=128, NBITS=2), ptrs, 8, 2
+    yield "residual fwd fp32 decode ieee", _residual_fwd_kernel, dict(base, BN=32, DOT_PRECISION="ieee"), \
+        dict(ptrs, q_ptr="fp32", cent_ptr="fp32", w_ptr="fp32"), 4, 1
+
+
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
 EXPECT_WGMMA = {
     "fwd short stacked (32q x 100K)", "fwd long query (ColPali)", "fwd 128 rows running max", "fwd d=768",
     "fwd masks+multiply+normalize", "fwd argmax (training)", "fwd argmax in-batch 128-token queries",
     "fwd argmax running max", "fwd TMA short stacked (32q x 100K)", "fwd TMA long query in-batch",
     "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
-    "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax",
+    "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual fwd 128 stacked rows",
 }
 
 
@@ -242,6 +261,35 @@ def ws_variants():
 EXPECT_WS = {name for name, *_ in ws_variants()}
 
 
+def topk_variants():
+    """maxsim.topk's fused kernel (maxsim/search/fused_topk.py): the dense tiles the selection hands it
+    at the bar shapes (1 x 1M (32, 300), 32 x 1M (32, 128) when masked), with its buffer of KB slots."""
+    base = dict(BM=32, BN=128, BK=128, NUM_K=1, SEG=32, KB=128, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
+                NORMALIZE=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False, ROW_MAX=False, USE_TMA=False)
+    ptrs = dict(q_ptr="fp16", d_ptr="fp16", d_desc="fp16", qmask_ptr="i1", dmask_ptr="i1", keys_ptr="i64",
+                scores_ptr="fp32")
+
+    def tma(consts):
+        return dict(consts, USE_TMA=True), dict(ptrs, d_desc=f"tensordesc<fp16[1,{consts['BN']},{consts['BK']}]>")
+
+    yield "topk one query k=100 (1 x 1M)", _maxsim_topk_kernel, base, ptrs, 4, 3
+    yield "topk one query k=256 d_mask", _maxsim_topk_kernel, dict(base, KB=256, HAS_DMASK=True), ptrs, 4, 3
+    yield "topk TMA stacked k=100 masks (32 x 1M)", _maxsim_topk_kernel, \
+        *tma(dict(base, BM=256, SEG=32, HAS_QMASK=True, HAS_DMASK=True, ROW_MAX=True)), 8, 3
+    yield "topk stacked multiply+normalize", _maxsim_topk_kernel, \
+        dict(base, BM=256, BN=64, SEG=32, KB=16, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True,
+             ROW_MAX=True), ptrs, 8, 2
+    yield "topk 128 rows running max k=256", _maxsim_topk_kernel, dict(base, BM=128, BN=64, SEG=128, KB=256), ptrs, 8, 3
+    yield "topk d=768 one query", _maxsim_topk_kernel, dict(base, NUM_K=6, ROW_MAX=True), ptrs, 4, 3
+    yield "topk fp32 ieee", _maxsim_topk_kernel, dict(base, BM=128, BN=32, BK=64, NUM_K=2, KB=16,
+                                                      DOT_PRECISION="ieee"), \
+        dict(ptrs, q_ptr="fp32", d_ptr="fp32", d_desc="fp32"), 4, 2
+
+
+EXPECT_WGMMA.update({"topk TMA stacked k=100 masks (32 x 1M)", "topk stacked multiply+normalize",
+                     "topk 128 rows running max k=256"})
+
+
 def all_variants():
     """(name, kernel, constexprs, pointer types, num_warps, num_stages) for every checked variant."""
     jobs = [(name, _maxsim_fwd_kernel, c, p, w, s) for name, c, p, w, s in dense_forward_variants()]
@@ -250,6 +298,8 @@ def all_variants():
     jobs += [(name, k, c, p, w, 3) for name, k, c, p, w in ws_variants()]
     jobs += [(name, k, c, p, w, 2) for name, k, c, p, w in chamfer_variants()]
     jobs += list(head_variants())
+    jobs += list(compressed_variants())
+    jobs += list(topk_variants())
     return jobs
 
 

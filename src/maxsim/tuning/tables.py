@@ -213,6 +213,40 @@ CHAMFER_BACKWARD = (
 CHAMFER_UNMEASURED_CLAMP = dict(BM_MAX=64, BN_MAX=64, STAGES_MAX=2)
 CHAMFER_INTERPRETER_CLAMP = dict(BM_MAX=16, BN_MAX=16, BR_MAX=16, num_warps=4, num_stages=1)
 
+# --- fused top-k (maxsim.topk) -----------------------------------------------------------------
+# The fused kernel runs the dense Triton tile of the same call (its scores must be maxsim's bit for
+# bit) and adds a buffer of KB = max(16, next_pow2(k)) slots per query of a program's block: int64
+# keys and fp32 scores in registers, QPB * KB of each (QPB = BM // SEG queries a block).
+# MAX_K: a larger k runs the chunked path; MAX_SLOTS: the buffer's register budget a program
+# (QPB * KB). Starting points, to be measured.
+
+TOPK_FUSED_SM90 = (
+    Rule("dense tile with a top-k epilogue", When(), _T(MAX_K=256, MAX_SLOTS=2048)),
+)
+
+# --- fused residual decode (maxsim_residual, maxsim_residual_varlen) -----------------------------
+
+# BM: stacked query rows a program; BN: document tokens a tile, each decoded on chip into a
+# [BN, next_pow2(d)] tile (centroids gathered from L2, residual bits unpacked in registers) before
+# the dot; waves: programs per SM. BN is capped so that the decoded tile stays in registers
+# (BN * next_pow2(d) <= COMPRESSED_TILE_ELEMENTS). Fixed starting points, to be measured.
+
+_T = dict  # (readability)
+COMPRESSED_FORWARD_SM90 = (
+    # one stage: at two, ptxas spills 4 KB a thread (tests/compile_check.py)
+    Rule("fp32 decode (IEEE dots on the FMA units)", When(dtype="fp32"),
+         _T(BM="rows<=128", BN=32, num_warps=4, num_stages=1, waves=4)),
+    Rule("many stacked query rows", When(rows=(128, INF)), _T(BM=128, BN=64, num_warps=8, num_stages=2, waves=2)),
+    # one stage: documents are a few tiles long, and the pipeline's buffers cost registers
+    # (tests/compile_check.py: 128 registers a thread here against 184-250 at three stages)
+    Rule("few query rows (bandwidth-bound)", When(), _T(BM="rows", BN=64, num_warps=8, num_stages=1, waves=4)),
+)
+COMPRESSED_TILE_ELEMENTS = 8192
+# Other GPUs than Hopper: the sm90 choice clamped; the interpreter: small tiles, so that the CPU
+# tests cross tile edges with short documents.
+COMPRESSED_UNMEASURED_CLAMP = dict(BM_MAX=128, BN_MAX=64, STAGES_MAX=2)
+COMPRESSED_INTERPRETER_CLAMP = dict(BM_MAX=64, BN_MAX=16, num_warps=4, num_stages=1, waves=1)
+
 # --- families ----------------------------------------------------------------------------------
 
 # Applied to the sm90 choice on GPUs nobody measured: what every CUDA GPU from sm80 on holds.

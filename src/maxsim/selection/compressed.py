@@ -1,0 +1,113 @@
+"""Selection for MaxSim on residual-compressed documents (``maxsim.maxsim_residual`` and
+``maxsim_residual_varlen``): the fused decode-and-score kernel or the chunked PyTorch path, the
+kernel's tile, and the backward.
+
+On the Triton backend (CUDA tensors, or ``MAXSIM_BACKEND=triton`` in the interpreter) the fused
+kernel (:mod:`maxsim.compressed.forward`) runs every call its declaration covers; the chunked path
+(decode 64 MB at a time, then ``maxsim.maxsim``) is the PyTorch backend and the tests' oracle.
+Tiles come from :data:`maxsim.tuning.tables.COMPRESSED_FORWARD_SM90`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from maxsim.compressed import specs
+from maxsim.selection.common import Choice, call_of, device_of, not_yet_on_gpu
+from maxsim.tuning import tables as T
+from maxsim.tuning.rules import first_match, next_pow2, tile_of
+
+
+def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, argmax: bool) -> dict:
+    """The bucketed features the table matches on (powers of two of Nq and Lq)."""
+    seg = next_pow2(max(Lq, 1))
+    return dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=d, rows=seg * next_pow2(max(Nq, 1)),
+                seg=seg, argmax=argmax, lq=Lq)
+
+
+def _clamp(tile: dict, family: str, d: int) -> dict:
+    """The sm90 tile as run on ``family``, BN capped so that the decoded tile fits registers."""
+    BD = max(16, next_pow2(d))
+    tile = {**tile, "BN": max(16, min(tile["BN"], T.COMPRESSED_TILE_ELEMENTS // BD))}
+    if family == "sm90":
+        return tile
+    if family == "interpreter":
+        c = T.COMPRESSED_INTERPRETER_CLAMP
+        return {**tile, "BM": min(tile["BM"], c["BM_MAX"]), "BN": min(tile["BN"], c["BN_MAX"]),
+                "num_warps": c["num_warps"], "num_stages": c["num_stages"], "waves": c["waves"]}
+    c = T.COMPRESSED_UNMEASURED_CLAMP
+    return {**tile, "BM": min(tile["BM"], c["BM_MAX"]), "BN": min(tile["BN"], c["BN_MAX"]),
+            "num_stages": min(tile["num_stages"], c["STAGES_MAX"])}
+
+
+def forward_choice(Nq: int, Lq: int, d: int, dtype: torch.dtype, layout: str, masked: bool, normalize: bool,
+                   argmax: bool, family: str) -> Choice:
+    """The forward path and tile for a call (cached by bucket). ``dtype``: the decode dtype;
+    ``layout``: ``"padded"`` or ``"packed"``; ``family``: the device's tile family."""
+    choice = _choice(next_pow2(max(Nq, 1)), next_pow2(max(Lq, 1)), d, dtype, layout, masked, normalize, argmax,
+                     family)
+    unverified = not_yet_on_gpu(specs.FUSED_FORWARD, family) if choice.kernel is specs.FUSED_FORWARD else None
+    if unverified is not None:  # (read on every call, outside the cache: the switch may change)
+        return Choice(specs.CHUNKED_DECODE, dict(chunk_bytes=64 << 20), "the fused kernel is not yet verified on "
+                      "GPUs", "-", ((specs.FUSED_FORWARD.name, unverified),))
+    return choice
+
+
+@functools.lru_cache(maxsize=512)
+def _choice(nq, lq, d, dtype, layout, masked, normalize, argmax, family) -> Choice:
+    call = call_of(dtype, d, layout, masked, normalize, argmax, family)
+    fused, chunked = specs.FUSED_FORWARD, specs.CHUNKED_DECODE
+    why_not = fused.unsupported(call)
+    if why_not is None and d > specs.MAX_FUSED_D:
+        why_not = f"decodes whole tokens on chip for d <= {specs.MAX_FUSED_D}, not d = {d} (the tile would spill)"
+    if why_not is not None:
+        return Choice(chunked, dict(chunk_bytes=64 << 20), "the fused kernel cannot run the call", "-",
+                      ((fused.name, why_not),))
+    f = features(nq, lq, d, dtype, argmax)
+    rule = first_match(T.COMPRESSED_FORWARD_SM90, f)
+    config = _clamp(tile_of(rule, f), family, d)
+    return Choice(fused, config, rule.name, rule.record,
+                  ((chunked.name, ("the Triton backend runs the fused kernel: decoding in chunks writes each "
+                                   "chunk's decoded tokens to memory and reads them back")),))
+
+
+def backward_choice() -> Choice:
+    return Choice(specs.WINNERS_BACKWARD, dict(chunk_bytes=64 << 20), "the only backward of the fused forward",
+                  "not tuned")
+
+
+def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
+                     decode_dtype=None, requires_grad: bool = False, gpu: str | None = None):
+    """What ``maxsim.maxsim_residual[_varlen](Q, ..., codec, ...)`` runs for ``num_docs`` documents
+    and why (``gpu``: as a GPU family would, e.g. ``"sm90"`` from any machine). Returns a
+    :class:`maxsim.selection.Explanation`; print it."""
+    from maxsim._capability import dtype_name
+    from maxsim._dispatch import backend_for, interpreting
+    from maxsim.compressed.scoring import _check_codec, _check_query, _decode_dtype
+    from maxsim.selection import Explanation
+    from maxsim.tuning import FAMILIES
+
+    if gpu is not None and gpu not in FAMILIES:
+        raise ValueError(f"maxsim: gpu must be one of {', '.join(FAMILIES)} or None; got {gpu!r}")
+    if layout not in ("padded", "packed"):
+        raise ValueError(f"maxsim: layout must be 'padded' or 'packed'; got {layout!r}")
+    _check_codec(codec)
+    _check_query(Q, codec)
+    dtype = _decode_dtype(Q, decode_dtype)
+    Nq, Lq = (1, Q.shape[0]) if Q.dim() == 2 else Q.shape[:2]
+    header = (f"maxsim.maxsim_residual{'_varlen' if layout == 'packed' else ''}: Q {list(Q.shape)} "
+              f"{dtype_name(Q.dtype)}, {num_docs} documents ({codec.nbits}-bit residuals, d {codec.dim}, "
+              f"{codec.num_centroids} centroids), decode {dtype_name(dtype)}, normalize={normalize}, "
+              f"q_mask {'yes' if q_mask is not None else 'no'}")
+    family = gpu
+    if family is None and backend_for(Q.device) == "triton":
+        family = "interpreter" if interpreting() else device_of(Q)[1]
+    if family is None:
+        return Explanation(header, Choice(specs.CHUNKED_DECODE, dict(chunk_bytes=64 << 20),
+                                          f"tensors on {Q.device}: the PyTorch backend", "-"),
+                           None, f"PyTorch (tensors on {Q.device}; pass gpu='sm90' to see a GPU's plan)")
+    fwd = forward_choice(Nq, Lq, codec.dim, dtype, layout, q_mask is not None, normalize, requires_grad, family)
+    bwd = backward_choice() if fwd.kernel is specs.FUSED_FORWARD else None
+    return Explanation(header, fwd, bwd, "Triton kernels" + (f", as {family} would run them" if gpu else ""))
