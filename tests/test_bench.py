@@ -17,14 +17,12 @@ from maxsim.bench import runner as bench_runner
 from maxsim.bench import train as bench_train
 from maxsim.bench.runner import SHAPE_MARK, TRAIN_CSV_FIELDS, crash_reason, median_rows
 from maxsim.bench.shapes import (
-    CPU_SHAPES,
     GPU_SHAPES,
     H200,
     NAMED_SETS,
     SHAPE_SETS,
     TRAIN_CPU_SHAPES,
     TRAIN_GPU_SHAPES,
-    VARLEN_CPU_SHAPES,
     VARLEN_GPU_SHAPES,
     ragged_lengths,
     roofline_for,

@@ -13,8 +13,6 @@ kernel a call gets and why each other candidate was not taken.
 
 from __future__ import annotations
 
-import torch
-
 from maxsim._capability import dtype_name
 from maxsim.tuning import FAMILIES
 

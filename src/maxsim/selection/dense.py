@@ -148,7 +148,7 @@ def backward_config(strategy: str, q_shape: tuple, d_shape: tuple) -> dict:
     """Tiles of every kernel the backward launches: ``gather`` (BS, warps, rotate, KB), ``owned``
     (BE, warps) or ``lists`` (BN, BS, warps), ``jacobian`` (BR, warps), ``invert`` (BLOCK, warps)."""
     Nq, Lq, d = q_shape
-    G, Nd, Ld = d_shape[0], d_shape[1], d_shape[2]
+    G, Ld = d_shape[0], d_shape[2]
     candidates = G != 1
     BD = max(16, next_pow2(d))
     unified = strategy == "unified"

@@ -15,7 +15,6 @@ in pair order; for the cross product pair p is query ``p % Nq`` against document
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
