@@ -28,3 +28,35 @@ def stacked_rows(i_pid, Nq, n_chunks, BM: tl.constexpr, SEG: tl.constexpr):
     i_chunk = i_m % n_chunks
     o_r = tl.arange(0, BM)
     return i_pid // n_mblocks, i_qgroup, i_chunk, i_qgroup * QPB + o_r // SEG, i_chunk * SEG + o_r % SEG
+
+
+@triton.jit
+def dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc, i_group, d_row0, k0,
+               LOAD_Q: tl.constexpr, EVEN_K: tl.constexpr, NORMALIZE: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, USE_TMA: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr):
+    """b_s += Q[:, o_kk] @ D[:, o_kk]^T for one chunk of the embedding dim; returns (b_s, d_sq).
+    The dense forward's step; kernels whose scores must equal maxsim.maxsim's call it too.
+
+    With USE_TMA the document tile [BN, BK] comes through the tensor-memory accelerator from row
+    ``d_row0`` of the group's flattened ``[Nd*Ld, d]`` tokens (rows past a document's end belong to
+    the next one and are masked by the caller; past the group's end they read as 0)."""
+    if USE_TMA:
+        b_d = tl.reshape(d_desc.load([i_group, d_row0, k0]), [BN, BK])  # [BN, BK]
+    elif EVEN_K:
+        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
+    else:
+        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
+    if LOAD_Q:
+        if EVEN_K:
+            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None], other=0.0)  # [BM, BK]
+        else:
+            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+    if DOT_UPCAST:
+        b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+    else:
+        b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
+    if NORMALIZE:
+        b_df = b_d.to(tl.float32)
+        d_sq += tl.sum(b_df * b_df, axis=1)
+    return b_s, d_sq

@@ -28,41 +28,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from maxsim import _outputs
 from maxsim._dispatch import cuda_index, interpreting
-from maxsim._kernels import max_nan, stacked_rows
+from maxsim._kernels import dot_chunk, max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 from maxsim.tuning.configs import ForwardConfig
-
-
-@triton.jit
-def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc, i_group, d_row0, k0,
-               LOAD_Q: tl.constexpr, EVEN_K: tl.constexpr, NORMALIZE: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, USE_TMA: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr):
-    """b_s += Q[:, o_kk] @ D[:, o_kk]^T for one chunk of the embedding dim; returns (b_s, d_sq).
-
-    With USE_TMA the document tile [BN, BK] comes through the tensor-memory accelerator from row
-    ``d_row0`` of the group's flattened ``[Nd*Ld, d]`` tokens (rows past a document's end belong to
-    the next one and are masked by the caller; past the group's end they read as 0)."""
-    if USE_TMA:
-        b_d = tl.reshape(d_desc.load([i_group, d_row0, k0]), [BN, BK])  # [BN, BK]
-    elif EVEN_K:
-        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
-    else:
-        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
-    if LOAD_Q:
-        if EVEN_K:
-            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None], other=0.0)  # [BM, BK]
-        else:
-            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
-    if DOT_UPCAST:
-        b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
-    else:
-        b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
-    if NORMALIZE:
-        b_df = b_d.to(tl.float32)
-        d_sq += tl.sum(b_df * b_df, axis=1)
-    return b_s, d_sq
 
 
 # Sizes vary call to call: no value specialisation (Triton would compile again for 1 or multiples
@@ -149,13 +118,13 @@ def _maxsim_fwd_kernel(
         if NUM_K == 1:
             # One dot against the query block that stays on chip (no inner loop, so the
             # software pipeline runs over the (document, tile) loop itself).
-            b_s, d_sq = _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
+            b_s, d_sq = dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
                                    d_desc, i_dgroup, j * Ld + i_t * BN, 0,
                                    False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         else:
             # Wide embeddings: a K-loop streaming [BM, BK] and [BN, BK] chunks (query from L2).
             for kk in range(NUM_K):
-                b_s, d_sq = _dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
+                b_s, d_sq = dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
                                        d_desc, i_dgroup, j * Ld + i_t * BN, kk * BK,
                                        True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         if NORMALIZE:

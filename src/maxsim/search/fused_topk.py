@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from maxsim import _outputs
 from maxsim._dispatch import cuda_index, interpreting
-from maxsim._kernels import max_nan, stacked_rows
+from maxsim._kernels import dot_chunk, max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 from maxsim.tuning.configs import ForwardConfig
@@ -51,34 +51,6 @@ def _order_key(b_score, j):
     b_bits = tl.where(b_score != b_score, 0x7FC00000, b_bits)
     b_ordered = tl.where(b_bits >= 0, b_bits, b_bits ^ 0x7FFFFFFF)  # monotone in the float
     return b_ordered.to(tl.int64) * 4294967296 + (4294967295 - j.to(tl.int64))
-
-
-@triton.jit
-def _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc, i_group, d_row0, k0,
-               LOAD_Q: tl.constexpr, EVEN_K: tl.constexpr, NORMALIZE: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, USE_TMA: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr):
-    """b_s += Q[:, o_kk] @ D[:, o_kk]^T for one chunk of the embedding dim (the dense forward's
-    step, operation for operation: the scores must be its scores); returns (b_s, d_sq)."""
-    if USE_TMA:
-        b_d = tl.reshape(d_desc.load([i_group, d_row0, k0]), [BN, BK])  # [BN, BK]
-    elif EVEN_K:
-        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None], other=0.0)  # [BN, BK]
-    else:
-        b_d = tl.load(p_d_rows + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0.0)
-    if LOAD_Q:
-        if EVEN_K:
-            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None], other=0.0)  # [BM, BK]
-        else:
-            b_q = tl.load(p_q_rows + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
-    if DOT_UPCAST:
-        b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
-    else:
-        b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
-    if NORMALIZE:
-        b_df = b_d.to(tl.float32)
-        d_sq += tl.sum(b_df * b_df, axis=1)
-    return b_s, d_sq
 
 
 @triton.jit(do_not_specialize=["Nq", "Nd", "Lq", "Ld", "n_runs", "docs_per_program", "stride_dmn"])
@@ -155,12 +127,12 @@ def _maxsim_topk_kernel(
         b_s = tl.zeros([BM, BN], dtype=tl.float32)
         d_sq = tl.zeros([BN], dtype=tl.float32)
         if NUM_K == 1:
-            b_s, d_sq = _dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
+            b_s, d_sq = dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
                                    d_desc, 0, j * Ld + i_t * BN, 0,
                                    False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         else:
             for kk in range(NUM_K):
-                b_s, d_sq = _dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
+                b_s, d_sq = dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
                                        d_desc, 0, j * Ld + i_t * BN, kk * BK,
                                        True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         if NORMALIZE:
