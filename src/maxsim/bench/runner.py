@@ -73,7 +73,7 @@ from maxsim.bench.train import grad_error, reference_step, train_labels, train_s
 # also the largest ||grad - ref|| / ||ref|| of grad_Q and grad_D.
 TOLERANCE = {"fp16": 2e-2, "bf16": 2e-2, "fp32": 1e-4}
 # triton.testing.do_bench (warmup, rep) in ms, and CPU timing runs, without / with --quick.
-# 25/100 ms keeps the default GPU run (8 shapes x 4 providers) to a few minutes.
+# Short enough that the default GPU run (every shape x every provider) stays a few minutes.
 DO_BENCH_MS = {False: (25, 100), True: (5, 25)}
 CPU_RUNS = {False: 5, True: 3}
 

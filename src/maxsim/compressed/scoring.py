@@ -74,6 +74,21 @@ def _check_q_mask(q_mask, Q):
     return q_mask.to(Q.device)
 
 
+def _check_call(Q, codes, residuals, codec, normalize, q_mask, codes_dim: int, codes_shape: str):
+    """The checks both entry points make; returns (Q [Nq, Lq, d], q_mask [Nq, Lq] | None, 2-D Q?)."""
+    _check_codec(codec)
+    _check_query(Q, codec)
+    _check_flag("normalize", normalize)
+    if not torch.is_tensor(codes) or codes.dim() != codes_dim:
+        raise ValueError(f"codes must be a {codes_shape} integer tensor, got "
+                         f"{tuple(codes.shape) if torch.is_tensor(codes) else type(codes).__name__}")
+    codec._check_compressed(codes, residuals)
+    q_mask = _check_q_mask(q_mask, Q)
+    if Q.dim() == 2:
+        return Q.unsqueeze(0), (None if q_mask is None else q_mask.unsqueeze(0)), True
+    return Q, q_mask, False
+
+
 def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None, normalize=True,
                     decode_dtype=None):
     """MaxSim of Q against padded residual-compressed documents.
@@ -86,18 +101,7 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
     others are copied there whole); a code outside [0, C) makes its document's scores NaN there
     (the PyTorch backend raises).
     """
-    _check_codec(codec)
-    _check_query(Q, codec)
-    _check_flag("normalize", normalize)
-    if not torch.is_tensor(codes) or codes.dim() != 2:
-        raise ValueError(f"codes must be a [Nd, Ld] integer tensor, got "
-                         f"{tuple(codes.shape) if torch.is_tensor(codes) else type(codes).__name__}")
-    codec._check_compressed(codes, residuals)
-    single_query = Q.dim() == 2
-    q_mask = _check_q_mask(q_mask, Q)
-    if single_query:
-        Q = Q.unsqueeze(0)
-        q_mask = None if q_mask is None else q_mask.unsqueeze(0)
+    Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 2, "[Nd, Ld]")
     num_docs, doc_len = codes.shape
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
@@ -152,19 +156,8 @@ def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seql
     [Nd + 1] (document i is tokens cu[i]:cu[i+1]). Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q).
     Empty documents score 0; differentiable in Q; backends as :func:`maxsim_residual`.
     """
-    _check_codec(codec)
-    _check_query(Q, codec)
-    _check_flag("normalize", normalize)
-    if not torch.is_tensor(codes) or codes.dim() != 1:
-        raise ValueError(f"codes must be a [T] integer tensor, got "
-                         f"{tuple(codes.shape) if torch.is_tensor(codes) else type(codes).__name__}")
-    codec._check_compressed(codes, residuals)
+    Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 1, "[T]")
     cu = _check_cu_seqlens(cu_seqlens_d, codes.shape[0])
-    single_query = Q.dim() == 2
-    q_mask = _check_q_mask(q_mask, Q)
-    if single_query:
-        Q = Q.unsqueeze(0)
-        q_mask = None if q_mask is None else q_mask.unsqueeze(0)
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
     if backend_for(device) == "triton":

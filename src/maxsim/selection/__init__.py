@@ -68,14 +68,14 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         header = (f"maxsim.{'score_pairs_packed' if pairs else 'maxsim_varlen'}: q [{q.shape[0]}, {q.shape[1]}] "
                   f"{dtype_name(q.dtype)} ({cu_q.numel() - 1} queries, longest {max_q}), "
                   f"d [{d.shape[0]}, {d.shape[1]}] ({cu_d.numel() - 1} documents)")
-        device, tensor = q.device, q
+        device = q.device
     else:
         p = _checks.check_inputs(Q, D, q_mask, d_mask, mask_mode=mask_mode)
         masks = [n for n, m in (("q_mask", p.q_mask), ("d_mask", p.d_mask)) if m is not None]
         header = (f"maxsim.maxsim: Q {_checks.shape_str(Q)} {dtype_name(Q.dtype)}, D {_checks.shape_str(D)}"
                   f" ({'candidate lists' if p.candidates else 'documents shared by every query'}), "
                   f"masks: {', '.join(masks) or 'none'}, normalize={normalize}")
-        device, tensor = p.Q.device, p.Q
+        device = p.Q.device
     backend = backend_for(device)
     family = gpu
     if family is None and backend == "triton":
@@ -93,7 +93,6 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         masked = p.q_mask is not None or p.d_mask is not None
         fwd = dense.forward_choice(p.Q, p.D, masked, normalize, return_argmax, family=family, exact_words=True)
         bwd = dense.strategy_choice(backward, p.Q, p.D)
-    del tensor
     return Explanation(header, fwd, bwd, backend_words)
 
 

@@ -26,12 +26,13 @@ from maxsim.tuning.rules import first_match, next_pow2, tile_of
 FORWARD_KERNELS = (specs.WARP_SPECIALIZED_FORWARD, specs.TRITON_FORWARD)
 
 
-def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool, big: bool) -> dict:
+def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool, big: bool,
+             long_corpus: bool = False) -> dict:
     """The bucketed features the forward tables match on."""
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     return dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=d, rows=rows, seg=seg, big_corpus=big,
-                argmax=argmax, candidates=candidates, lq=Lq)
+                argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus)
 
 
 def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bool, argmax: bool,
@@ -61,7 +62,7 @@ def _forward_choice(nq_bucket, seg, d, dtype, candidates, masked, normalize, arg
 
 def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, tokens, family,
             ws_note) -> Choice:
-    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big)
+    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus)
     layout = "candidates" if candidates else "cross"
     notes = ((specs.WARP_SPECIALIZED_FORWARD.name, ws_note),) if ws_note else ()
     call = call_of(dtype, d, layout, masked, normalize, argmax, family, notes)
@@ -69,7 +70,7 @@ def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big
     ws = specs.WARP_SPECIALIZED_FORWARD
     why = ws.unsupported(call) or _ws_does_not_pay(f, masked, long_corpus, tokens)
     if why is None:
-        rule = next(r for r in T.DENSE_FORWARD_WS_SM90 if r.when.holds(f) and _ws_corpus_ok(r, long_corpus))
+        rule = first_match(T.DENSE_FORWARD_WS_SM90, f)
         tile = tile_of(rule, f)
         config = ForwardConfig(BM=tile["BM"], BN=tile["BN"], BK=max(16, next_pow2(d)), num_warps=4,
                                num_stages=tile["num_stages"], waves=1, row_max=True, tma=True)
@@ -86,11 +87,6 @@ def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big
 
 def _with_defaults(tile: dict) -> dict:
     return {"waves": 2, "row_max": False, "tma": False, **tile}
-
-
-def _ws_corpus_ok(rule, long_corpus: bool) -> bool:
-    """The one-block rule also needs WS_ONE_BLOCK_MIN_TOKENS document tokens (to split them)."""
-    return long_corpus or rule is not T.DENSE_FORWARD_WS_SM90[1]
 
 
 def _ws_does_not_pay(f: dict, masked: bool, long_corpus: bool, tokens: int) -> str | None:

@@ -18,7 +18,8 @@ def next_pow2(x: int) -> int:
 class When:
     """Conditions on a call's features; None = any. Ranges are inclusive ``(low, high)``.
 
-    dtype: ``"fp32"`` or ``"16bit"``.  d: the embedding dim.  rows: the stacked query rows of a
+    dtype: ``"fp32"`` or ``"16bit"``.  long_corpus: at least ``WS_ONE_BLOCK_MIN_TOKENS`` document
+    tokens.  d: the embedding dim.  rows: the stacked query rows of a
     program's block (a power of two).  seg: the query length's power-of-two bucket.
     big_corpus: at least ``BIG_CORPUS_TOKENS`` document tokens.  argmax: the forward saves the
     argmax (training).  candidates: per-query candidate lists.  lq: the query length.
@@ -31,6 +32,7 @@ class When:
     rows: tuple[int, int] | None = None
     seg: tuple[int, int] | None = None
     big_corpus: bool | None = None
+    long_corpus: bool | None = None
     argmax: bool | None = None
     candidates: bool | None = None
     lq: tuple[int, int] | None = None

@@ -37,7 +37,7 @@ LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 DENSE_FORWARD_WS_SM90 = (
     Rule("many query rows, big corpus", When(rows=(256, INF), big_corpus=True, d=(128, 128)),
          dict(BM=256, BN=128, num_stages=4), record="results/sweep-20261129-2224.log"),
-    Rule("one 128-token query block, split documents", When(rows=(128, 128), seg=(128, 128), big_corpus=True,
+    Rule("one 128-token query block, split documents", When(rows=(128, 128), seg=(128, 128), long_corpus=True,
                                                            d=(128, 128), argmax=False),
          dict(BM=128, BN=64, num_stages=6), record="results/onequery-20261129-2125.log"),
 )
