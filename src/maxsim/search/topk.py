@@ -299,7 +299,8 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
         ``(scores [Nq, k'] fp32, indices [Nq, k'] int64)``, k' = min(k, Nd) (or min(k, K)), sorted
         by score descending, ties by the lower document index: ``torch.topk(maxsim(Q, D), k)``
         with that tie rule. A NaN score ranks first (as in torch.topk). 2-D ``Q`` drops the query
-        axis.
+        axis. On the CPU a score can differ from one ``maxsim`` call in its last bit: BLAS rounds
+        a dot product by the shape of the chunk it is part of.
     """
     k = check_k(k)
     if path not in PATHS:
