@@ -7,7 +7,7 @@ from maxsim import compressed, index, reference
 from maxsim.compressed import ResidualCodec, maxsim_residual, maxsim_residual_varlen, plaid_approx_score
 from maxsim.chamfer import chamfer_distance
 from maxsim.dense.ops import maxsim
-from maxsim.head import maxsim_from_hidden
+from maxsim.head import maxsim_from_hidden, maxsim_from_hidden_varlen
 from maxsim.search import Corpus, topk
 from maxsim.selection import explain
 from maxsim.selection.head import explain_from_hidden
@@ -20,6 +20,7 @@ __all__ = [
     "maxsim",
     "explain",
     "maxsim_from_hidden",
+    "maxsim_from_hidden_varlen",
     "explain_from_hidden",
     "chamfer_distance",
     "topk",

@@ -200,3 +200,48 @@ def maxsim_from_hidden(
     if return_argmax:
         return p.unbatch(scores), p.unbatch(argmax)
     return p.unbatch(scores)
+
+
+def maxsim_from_hidden_varlen(q, h, W, b=None, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
+                              max_seqlen_d=None, *, normalize: bool = True, backward: str = "auto",
+                              validate: bool = False):
+    """:func:`maxsim.maxsim_varlen` of packed queries against packed hidden states through a head:
+
+        D = h @ W.T + b                                  # [Td, d]
+        D = D / max(|D|_2, 1e-12)   (normalize=True)     # each document token
+        scores = maxsim.maxsim_varlen(q, D, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d)
+
+    A packed corpus holds no padding, so the head runs once over the real tokens only (``F.linear``
+    + ``F.normalize``: ``[Td, d]`` in memory, ``d / d_model`` of the hidden states' size) and the
+    packed kernels score them; there is no fused packed kernel (``explain_from_hidden`` says the
+    same for padded calls that choose this path).
+
+    Args:
+        q: packed queries ``[Tq, d]`` or a list of ``[Lq_i, d]``.
+        h: packed hidden states ``[Td, d_model]`` or a list of ``[Ld_j, d_model]``.
+        W: ``[d, d_model]``; b: ``[d]`` or None; q, h, W and b share one dtype and device.
+        cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d, backward, validate: as
+            :func:`maxsim.maxsim_varlen` (the offsets index rows of ``q`` and ``h``).
+
+    Returns:
+        ``[Nq, Nd]`` fp32, differentiable in q, h (through a list's tensors too), W and b.
+    """
+    import maxsim
+
+    _checks.check_bool("normalize", normalize)
+    if isinstance(h, (list, tuple)):
+        if cu_seqlens_d is not None:
+            raise ValueError("maxsim: pass either a list of hidden states or packed h with cu_seqlens_d, not both")
+        h, cu_seqlens_d, longest = maxsim.pack(h)
+        max_seqlen_d = longest if max_seqlen_d is None else max_seqlen_d
+    if not isinstance(h, torch.Tensor) or h.dim() != 2:
+        got = _checks.shape_str(h) if isinstance(h, torch.Tensor) else type(h).__name__
+        raise ValueError(f"maxsim: h must be packed hidden states [Td, d_model] or a list of [Ld, d_model]; got {got}")
+    q_first = q[0] if isinstance(q, (list, tuple)) and len(q) else q
+    if not isinstance(q_first, torch.Tensor) or q_first.dim() != 2:
+        raise ValueError("maxsim: q must be packed queries [Tq, d] or a list of [Lq, d]")
+    # The padded entry's checks (dtypes, devices, W [d, d_model], b [d]) on one query and the packed h.
+    check_head_inputs(q_first, h, W, b, None, None, "exclude")
+    D = project(h, W, b, normalize)  # [Td, d]
+    return maxsim.maxsim_varlen(q, D, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
+                                backward=backward, validate=validate)
