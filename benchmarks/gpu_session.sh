@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tests] [bench] [train] [varlen] [sweep] [sweeppeers] [shapes]
+#   bash benchmarks/gpu_session.sh [verify] [tests] [bench] [train] [varlen] [sweep] [sweeppeers] [shapes]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # NVLink multicast stays off (the device notes require it for every NCCL run).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,6 +22,11 @@ for step in "$@"; do
     tests) timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py \
              ${TESTS:-tests} -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 \
              || status=1 ;;
+    # The kernels that changed since their last GPU run (BENCHMARKS.md, "Waiting for a GPU run"), opted in.
+    verify) MAXSIM_UNVERIFIED_KERNELS=1 timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
+              tests/varlen tests/dense/test_forward_gpu.py tests/search/test_fused_topk.py tests/compressed/test_fused.py \
+              tests/head/test_head_varlen.py -rs --durations=15 2>&1 | tee "$OUT/verify.log" \
+              | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     bench) bench 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
     train) bench --mode train --quick --timeout 45 --pin-cpu "${PIN_CPU:-2}" ${TRAIN_SHAPES:+--shapes $TRAIN_SHAPES} ${TRAIN_ARGS:-} \
              2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
