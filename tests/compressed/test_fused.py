@@ -169,7 +169,10 @@ def test_gradients_for_q(monkeypatch, dtype, normalize):
     (_chunked(monkeypatch, maxsim_residual_varlen, Q_ref, codes, residuals, cu, codec, q_mask=q_mask,
               normalize=normalize, decode_dtype=dtype) * weights).sum().backward()
     assert Q.grad.dtype == Q.dtype
-    torch.testing.assert_close(Q.grad, Q_ref.grad, **_tolerance(dtype, normalize))
+    # With fp16 decode both gradients are rounded to fp16 once, after sums taken in different
+    # orders: one fp16 step apart at most (a wrong winner would move an entry by a whole token).
+    grad_tol = dict(atol=1e-3, rtol=1e-3) if dtype == torch.float16 else _tolerance(dtype, normalize)
+    torch.testing.assert_close(Q.grad, Q_ref.grad, **grad_tol)
     assert torch.all(Q.grad[~q_mask] == 0)
     # independently: the winner of each real query token, decoded, weighted and summed
     decoded = codec.decode(codes, residuals, normalize=normalize, dtype=dtype).double()

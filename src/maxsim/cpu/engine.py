@@ -231,26 +231,39 @@ def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True) -> list
     results = [None] * len(chunks)
     todo = iter(enumerate(chunks))
     lock = threading.Lock()
+    failed = threading.Event()
 
-    def drain():
-        while True:
-            with lock:
-                nxt = next(todo, None)
-            if nxt is None:
-                return
-            results[nxt[0]] = work(nxt[1])
+    def drain(worker: bool = False):
+        if worker:
+            # Per task, not once per thread: ATen's first parallel op on a thread re-reads the
+            # process-wide count, which the caller may have restored since the thread started.
+            torch.set_num_threads(1)
+        try:
+            while not failed.is_set():
+                with lock:
+                    nxt = next(todo, None)
+                if nxt is None:
+                    return
+                results[nxt[0]] = work(nxt[1])
+        except BaseException:
+            failed.set()
+            raise
 
     helpers = []
     if n_threads > 1 and len(chunks) > 1:
-        helpers = [_pool(n_threads - 1).submit(drain) for _ in range(n_threads - 1)]
+        helpers = [_pool(n_threads - 1).submit(drain, True) for _ in range(n_threads - 1)]
     own = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         drain()
     finally:
+        # Restore only once the workers are done: the count a thread's first parallel op reads is
+        # the last one set anywhere in the process, and it must end as the caller's.
+        errors = [f.exception() for f in helpers]
         torch.set_num_threads(own)
-        for f in helpers:
-            f.result()  # (re-raises a worker's error)
+    for error in errors:
+        if error is not None:
+            raise error
     return results
 
 
