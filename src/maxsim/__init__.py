@@ -4,7 +4,8 @@
 """
 
 from maxsim import compressed, index, reference
-from maxsim.compressed import ResidualCodec, maxsim_residual, maxsim_residual_varlen, plaid_approx_score
+from maxsim.compressed import (ResidualCodec, maxsim_pq, maxsim_pq_varlen, maxsim_quantized, maxsim_quantized_varlen,
+                               maxsim_residual, maxsim_residual_varlen, plaid_approx_score)
 from maxsim.chamfer import chamfer_distance
 from maxsim.dense.ops import maxsim
 from maxsim.head import maxsim_from_hidden, maxsim_from_hidden_varlen
@@ -39,6 +40,10 @@ __all__ = [
     "maxsim_residual",
     "maxsim_residual_varlen",
     "plaid_approx_score",
+    "maxsim_quantized",
+    "maxsim_quantized_varlen",
+    "maxsim_pq",
+    "maxsim_pq_varlen",
     "warmup",
     "__version__",
 ]

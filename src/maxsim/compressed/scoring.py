@@ -24,6 +24,7 @@ from maxsim.selection import compressed as _select
 from maxsim.selection.common import device_of
 
 from . import specs as _specs
+from ._inputs import check_cu_seqlens, check_q_mask, check_query
 from .codec import ResidualCodec
 from .forward import decode_tables, residual_forward
 
@@ -40,12 +41,6 @@ def _check_codec(codec):
         raise TypeError(f"codec must be a maxsim.compressed.ResidualCodec, got {type(codec).__name__}")
 
 
-def _check_query(Q, codec):
-    if not torch.is_tensor(Q) or Q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"Q must be a float16, bfloat16 or float32 tensor, got "
-                        f"{Q.dtype if torch.is_tensor(Q) else type(Q).__name__}")
-    if Q.dim() not in (2, 3) or Q.shape[-1] != codec.dim:
-        raise ValueError(f"Q must have shape [Nq, Lq, {codec.dim}] or [Lq, {codec.dim}], got {tuple(Q.shape)}")
 
 
 def _decode_dtype(Q, decode_dtype):
@@ -57,33 +52,18 @@ def _decode_dtype(Q, decode_dtype):
     return decode_dtype
 
 
-def _check_q_mask(q_mask, Q):
-    if q_mask is None:
-        return None
-    if not torch.is_tensor(q_mask) or tuple(q_mask.shape) != tuple(Q.shape[:-1]):
-        raise ValueError(f"q_mask must have shape {tuple(Q.shape[:-1])} (Q.shape[:-1]), got "
-                         f"{tuple(q_mask.shape) if torch.is_tensor(q_mask) else type(q_mask).__name__}")
-    if q_mask.dtype != torch.bool:
-        if q_mask.is_floating_point() or q_mask.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
-                                                           torch.uint8):
-            if bool(((q_mask != 0) & (q_mask != 1)).any()):
-                raise ValueError("q_mask must hold only 0 and 1 (or be bool)")
-        else:
-            raise TypeError(f"q_mask must be bool or 0/1 integers or floats, got {q_mask.dtype}")
-        q_mask = q_mask != 0
-    return q_mask.to(Q.device)
 
 
 def _check_call(Q, codes, residuals, codec, normalize, q_mask, codes_dim: int, codes_shape: str):
     """The checks both entry points make; returns (Q [Nq, Lq, d], q_mask [Nq, Lq] | None, 2-D Q?)."""
     _check_codec(codec)
-    _check_query(Q, codec)
+    check_query(Q, codec.dim, "the codec")
     _check_flag("normalize", normalize)
     if not torch.is_tensor(codes) or codes.dim() != codes_dim:
         raise ValueError(f"codes must be a {codes_shape} integer tensor, got "
                          f"{tuple(codes.shape) if torch.is_tensor(codes) else type(codes).__name__}")
     codec._check_compressed(codes, residuals)
-    q_mask = _check_q_mask(q_mask, Q)
+    q_mask = check_q_mask(q_mask, Q)
     if Q.dim() == 2:
         return Q.unsqueeze(0), (None if q_mask is None else q_mask.unsqueeze(0)), True
     return Q, q_mask, False
@@ -137,15 +117,6 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
     return out[0] if single_query else out
 
 
-def _check_cu_seqlens(cu_seqlens_d, total, name="cu_seqlens_d"):
-    if not torch.is_tensor(cu_seqlens_d) or cu_seqlens_d.dim() != 1 or cu_seqlens_d.numel() == 0 \
-            or cu_seqlens_d.is_floating_point():
-        raise ValueError(f"{name} must be a 1-D integer tensor [Nd + 1]")
-    cu = cu_seqlens_d.to("cpu", torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"{name} must start at 0, not decrease and end at the number of tokens ({total}), "
-                         f"got [{int(cu[0])}, ..., {int(cu[-1])}]")
-    return cu
 
 
 def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seqlen_d=None, q_mask=None,
@@ -157,7 +128,7 @@ def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seql
     Empty documents score 0; differentiable in Q; backends as :func:`maxsim_residual`.
     """
     Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 1, "[T]")
-    cu = _check_cu_seqlens(cu_seqlens_d, codes.shape[0])
+    cu = check_cu_seqlens(cu_seqlens_d, codes.shape[0])
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
     if backend_for(device) == "triton":
@@ -286,12 +257,12 @@ def plaid_approx_score(Q, codes, cu_seqlens_d, codec, *, centroid_score_threshol
     precomputed centroid scores.
     """
     _check_codec(codec)
-    _check_query(Q, codec)
+    check_query(Q, codec.dim, "the codec")
     if not torch.is_tensor(codes) or codes.dim() != 1 or codes.dtype.is_floating_point:
         raise ValueError("codes must be a [T] integer tensor")
-    cu = _check_cu_seqlens(cu_seqlens_d, codes.shape[0])
+    cu = check_cu_seqlens(cu_seqlens_d, codes.shape[0])
     single_query = Q.dim() == 2
-    q_mask = _check_q_mask(q_mask, Q)
+    q_mask = check_q_mask(q_mask, Q)
     if single_query:
         Q = Q.unsqueeze(0)
         q_mask = None if q_mask is None else q_mask.unsqueeze(0)

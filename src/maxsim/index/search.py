@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..compressed.scoring import _check_q_mask, maxsim_residual_varlen, plaid_approx_score
+from ..compressed._inputs import check_q_mask
+from ..compressed.scoring import maxsim_residual_varlen, plaid_approx_score
 
 SETTINGS = ("colbert", "fast-plaid")
 # fast-plaid's search defaults (n_ivf_probe, n_full_scores); it never prunes by threshold
@@ -138,7 +139,7 @@ def search(index, Q, k=10, *, ncells=None, centroid_score_threshold="default", n
             or Q.shape[-1] != index.codec.dim:
         raise ValueError(f"Q must be a floating-point tensor [Nq, Lq, {index.codec.dim}] or "
                          f"[Lq, {index.codec.dim}], got {tuple(Q.shape) if torch.is_tensor(Q) else type(Q).__name__}")
-    q_mask = _check_q_mask(q_mask, Q)
+    q_mask = check_q_mask(q_mask, Q)
     single = Q.dim() == 2
     if single:
         Q = Q.unsqueeze(0)

@@ -85,7 +85,8 @@ def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=
     :class:`maxsim.selection.Explanation`; print it."""
     from maxsim._capability import dtype_name
     from maxsim._dispatch import backend_for, interpreting
-    from maxsim.compressed.scoring import _check_codec, _check_query, _decode_dtype
+    from maxsim.compressed._inputs import check_query
+    from maxsim.compressed.scoring import _check_codec, _decode_dtype
     from maxsim.selection import Explanation
     from maxsim.tuning import FAMILIES
 
@@ -94,7 +95,7 @@ def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=
     if layout not in ("padded", "packed"):
         raise ValueError(f"maxsim: layout must be 'padded' or 'packed'; got {layout!r}")
     _check_codec(codec)
-    _check_query(Q, codec)
+    check_query(Q, codec.dim, "the codec")
     dtype = _decode_dtype(Q, decode_dtype)
     Nq, Lq = (1, Q.shape[0]) if Q.dim() == 2 else Q.shape[:2]
     header = (f"maxsim.maxsim_residual{'_varlen' if layout == 'packed' else ''}: Q {list(Q.shape)} "

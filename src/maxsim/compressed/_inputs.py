@@ -1,0 +1,63 @@
+"""Checks every compressed-corpus scorer shares (residual, int8 / fp8, product quantisation): the
+query, masks, packed offsets and chunk sizes, with one wording of each error."""
+
+from __future__ import annotations
+
+import torch
+
+QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def describe(x) -> str:
+    return f"{x.dtype} tensor of shape {tuple(x.shape)}" if torch.is_tensor(x) else type(x).__name__
+
+
+def check_query(Q, dim: int, of: str, name: str = "Q") -> None:
+    """Q ``[Nq, Lq, dim]`` or ``[Lq, dim]`` in a query dtype; ``of`` names where ``dim`` comes from."""
+    if not torch.is_tensor(Q) or Q.dtype not in QUERY_DTYPES:
+        raise TypeError(f"maxsim: {name} must be a float16, bfloat16 or float32 tensor, got "
+                        f"{Q.dtype if torch.is_tensor(Q) else type(Q).__name__}")
+    if Q.dim() not in (2, 3) or Q.shape[-1] != dim:
+        raise ValueError(f"maxsim: {name} must have shape [Nq, Lq, {dim}] or [Lq, {dim}] (d of {of}), got "
+                         f"{tuple(Q.shape)}")
+
+
+def check_mask(mask, shape, name: str, of: str, device) -> torch.Tensor | None:
+    """A mask of ``shape`` (bool, or 0/1 numbers) -> bool on ``device``, or None."""
+    if mask is None:
+        return None
+    if not torch.is_tensor(mask) or tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"maxsim: {name} must have shape {tuple(shape)} ({of}), got "
+                         f"{tuple(mask.shape) if torch.is_tensor(mask) else type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        if mask.is_complex():
+            raise TypeError(f"maxsim: {name} must be bool or 0/1 integers or floats, got {mask.dtype}")
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(f"maxsim: {name} must hold only 0 and 1 (or be bool)")
+        mask = mask != 0
+    return mask.to(device)
+
+
+def check_q_mask(q_mask, Q: torch.Tensor) -> torch.Tensor | None:
+    return check_mask(q_mask, Q.shape[:-1], "q_mask", "Q.shape[:-1]", Q.device)
+
+
+def check_cu_seqlens(cu_seqlens_d, total: int, name: str = "cu_seqlens_d") -> torch.Tensor:
+    """Offsets ``[Nd + 1]`` -> int64 on the host, checked: start at 0, never decrease, end at ``total``."""
+    if not torch.is_tensor(cu_seqlens_d) or cu_seqlens_d.dim() != 1 or cu_seqlens_d.numel() == 0 \
+            or cu_seqlens_d.is_floating_point() or cu_seqlens_d.dtype == torch.bool or cu_seqlens_d.is_complex():
+        raise ValueError(f"maxsim: {name} must be a 1-D integer tensor [Nd + 1], got {describe(cu_seqlens_d)}")
+    cu = cu_seqlens_d.to("cpu", torch.int64)
+    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"maxsim: {name} must start at 0, never decrease and end at the number of tokens "
+                         f"({total}), got [{int(cu[0])}, ..., {int(cu[-1])}]")
+    return cu
+
+
+def check_chunk_documents(chunk_documents) -> None:
+    if chunk_documents is None:
+        return
+    if isinstance(chunk_documents, bool) or not isinstance(chunk_documents, int):
+        raise TypeError(f"maxsim: chunk_documents must be None or an int, got {type(chunk_documents).__name__}")
+    if chunk_documents < 1:
+        raise ValueError(f"maxsim: chunk_documents must be >= 1, got {chunk_documents}")
