@@ -83,6 +83,44 @@ def as_bool_mask(name: str, mask, expected_shape: tuple[int, ...], device: torch
     return mask != 0
 
 
+def mask_from_lengths(name: str, lengths, x, mask, mask_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lengths ``x.shape[:-2]`` (the real tokens of each sequence of ``x [..., L, d]``) ->
+    ``(mask x.shape[:-1] bool, invalid x.shape[:-2] bool)``, with no host synchronisation: a length
+    below 0 or above L is not read on the host but marked invalid (its outputs become NaN)."""
+    if mask is not None:
+        raise ValueError(f"maxsim: give {mask_name} or {name}, not both")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"maxsim: {name} needs a tensor of tokens [..., L, d] beside it")
+    if not isinstance(lengths, torch.Tensor):
+        try:
+            lengths = torch.as_tensor(lengths, device=x.device)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"maxsim: {name} must be an integer tensor (or sequence); got {type(lengths).__name__}")
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"maxsim: {name} must hold integers; got {lengths.dtype}")
+    want = tuple(x.shape[:-2])
+    if tuple(lengths.shape) != want:
+        raise ValueError(f"maxsim: {name} must have shape [{', '.join(str(s) for s in want)}] (one length a "
+                         f"sequence); got {shape_str(lengths)}")
+    if lengths.device != x.device:
+        raise ValueError(f"maxsim: {name} is on {lengths.device} but the tokens are on {x.device}")
+    L = x.shape[-2]
+    positions = torch.arange(L, device=x.device)  # [L]
+    return positions < lengths[..., None], (lengths < 0) | (lengths > L)
+
+
+def nan_where_invalid(scores: torch.Tensor, q_invalid, d_invalid, q_dims: int, d_dims: int) -> torch.Tensor:
+    """Scores with NaN where a query's or a document's length was invalid (``mask_from_lengths``).
+    ``scores`` is the public output of a ``q_dims``-D Q against a ``d_dims``-D D."""
+    bad = None
+    if d_invalid is not None:
+        bad = d_invalid  # [Nd] / [Nq, K] / []: broadcasts over the query axis of a cross product
+    if q_invalid is not None:
+        q_bad = q_invalid[:, None] if q_dims == 3 and d_dims != 2 else q_invalid  # [Nq, 1] / [Nq] / []
+        bad = q_bad if bad is None else bad | q_bad
+    return scores if bad is None else scores.masked_fill(bad, float("nan"))
+
+
 def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude") -> Prepared:
     """Validate ``Q``, ``D``, masks and mask_mode; return them in the canonical layout."""
     check_dtype("Q", Q)

@@ -129,6 +129,8 @@ def maxsim(
     mask_mode: str = "exclude",
     return_argmax: bool = False,
     backward: str = "auto",
+    q_lengths: torch.Tensor | None = None,
+    d_lengths: torch.Tensor | None = None,
 ):
     """Late-interaction (MaxSim) scores, fused: the similarity tensor is never written to memory.
 
@@ -155,6 +157,11 @@ def maxsim(
             (each document token sums its own contributions: no atomics, no fp32 buffer,
             bitwise deterministic) or ``"auto"`` (lowmem for candidate lists with Lq <= 512, else unified
             unless its fp32 buffer would pass 2 GiB).
+        q_lengths, d_lengths: instead of a mask, the number of real (leading) tokens of each
+            sequence: int ``Q.shape[:-2]`` / ``D.shape[:-2]`` (``[Nq]``, ``[Nd]`` or ``[Nq, K]``).
+            A length below 0 or above the padded length makes that sequence's scores NaN (no
+            host synchronisation). Today they become the equivalent mask: the kernels still read
+            the padded tail.
 
     Returns:
         fp32 scores (and the argmax when asked). Accumulation is fp32; fp32 inputs get
@@ -170,6 +177,17 @@ def maxsim(
     dtypes, devices, alignment, arguments) repeats an earlier inference call's replays that call's
     launch plan: no validation or configuration work on the host, only the launch.
     """
+    if q_lengths is not None or d_lengths is not None:
+        q_invalid = d_invalid = None
+        if q_lengths is not None:
+            q_mask, q_invalid = _checks.mask_from_lengths("q_lengths", q_lengths, Q, q_mask, "q_mask")
+        if d_lengths is not None:
+            d_mask, d_invalid = _checks.mask_from_lengths("d_lengths", d_lengths, D, d_mask, "d_mask")
+        out = maxsim(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax,
+                     backward=backward)
+        scores = out[0] if return_argmax else out
+        scores = _checks.nan_where_invalid(scores, q_invalid, d_invalid, Q.dim(), D.dim())
+        return (scores, out[1]) if return_argmax else scores
     plan_key = _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argmax, backward)
     plan = _forward.plan_for(plan_key) if plan_key is not None else None
     if plan is not None:
