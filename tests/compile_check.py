@@ -118,6 +118,14 @@ def dense_forward_variants():
                                                            HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), "bf16"), 4, 3
     yield "fwd fp32 ieee", dict(base, BM=128, BN=32, BK=64, NUM_K=2, SEG=32, DOT_PRECISION="ieee", ROW_MAX=False), \
         dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 4, 2
+    # fp32 on the tensor cores (precision="tf32x3" / "tf32"): the 16-bit stacked tile, fp32 pointers.
+    for precision in ("tf32x3", "tf32"):
+        yield f"fwd fp32 {precision} stacked", dict(base, BM=128, BN=64, BK=64, NUM_K=2, SEG=32,
+                                                    DOT_PRECISION=precision), \
+            dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 8, 2
+        yield f"fwd fp32 {precision} argmax masks", dict(base, BM=128, BN=64, BK=64, NUM_K=2, SEG=32, SAVE_ARGMAX=True,
+                                                         HAS_QMASK=True, HAS_DMASK=True, DOT_PRECISION=precision), \
+            dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 8, 2
 
 
 def backward_variants():
@@ -159,6 +167,9 @@ def varlen_variants():
     yield "varlen cross", _maxsim_varlen_cross_kernel, dict(vc, SEG=32), cptrs, 8
     yield "varlen cross argmax, d=768", _maxsim_varlen_cross_kernel, dict(vc, BM=128, BK=64, NUM_K=12, SEG=32,
                                                                          SAVE_ARGMAX=True), cptrs, 4
+    yield "varlen cross fp32 tf32x3", _maxsim_varlen_cross_kernel, dict(vc, BM=128, BK=64, NUM_K=2, SEG=32,
+                                                                       DOT_PRECISION="tf32x3"), \
+        dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 8
     pptrs = dict(cptrs, pq_ptr="i64", pd_ptr="i64")
     yield "pairs", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128), pptrs, 4
     yield "pairs argmax", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128, SAVE_ARGMAX=True), pptrs, 4
@@ -227,6 +238,8 @@ EXPECT_WGMMA = {
     "fwd argmax running max", "fwd TMA short stacked (32q x 100K)", "fwd TMA long query in-batch",
     "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
     "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual fwd 128 stacked rows",
+    "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
+    "varlen cross fp32 tf32x3",
 }
 
 

@@ -173,7 +173,7 @@ def test_opcheck_varlen_ops():
     pq = torch.tensor([1, 0], device=KERNEL_DEVICE)
     pd = torch.tensor([2, 1], device=KERNEL_DEVICE)
     for pairs in [(None, None), (pq, pd)]:
-        args = (q.requires_grad_(), d.requires_grad_(), cu_q, cu_d, *pairs, mq, md, True, "lowmem")
+        args = (q.requires_grad_(), d.requires_grad_(), cu_q, cu_d, *pairs, mq, md, True, "lowmem", "ieee")
         torch.library.opcheck(varlen_ops.varlen_forward_op, args)
 
 

@@ -224,6 +224,7 @@ def maxsim_forward(
     normalize: bool = False,
     multiply: bool = False,
     save_argmax: bool = False,
+    precision: str = "ieee",
     plan_key=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the fused forward on canonical, validated inputs, with the kernel and tile the
@@ -236,6 +237,8 @@ def maxsim_forward(
             module's (the selection checked that it can run the call).
         multiply: PyLate's mask rule instead of exclusion.
         save_argmax: also return the winning document token per query token.
+        precision: fp32 inputs' products: ``"ieee"``, ``"tf32x3"`` or ``"tf32"`` (Triton's
+            ``input_precision``; the selection resolved it). 16-bit inputs ignore it.
         plan_key: the caller's key of this call's signature (see :func:`plan_for`): a launch that
             runs on the thin path, with no copy of an input, is kept as that key's plan.
 
@@ -267,11 +270,11 @@ def maxsim_forward(
     interpret = interpreting()
     device_index = -1 if interpret else cuda_index(Q)
     return _launch_forward(Q, D, qm, dm, argmax, config, warp_specialized, multiply, normalize, interpret,
-                           device_index, plan_key), argmax
+                           device_index, plan_key, precision), argmax
 
 
 def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, normalize, interpret, device_index,
-                    plan_key=None):
+                    plan_key=None, precision="ieee"):
     """One launch of the forward kernel with configuration ``cfg``; returns the scores [Nq, Nd].
     With ``plan_key``, a launch that went through the thin path is kept as that key's plan."""
     Nq, Lq, d = Q.shape
@@ -302,7 +305,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, norma
     )
     args = (*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *ints)
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
-                             Q.dtype, interpret, use_tma)
+                             Q.dtype, interpret, use_tma, precision)
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
@@ -357,13 +360,14 @@ class _ForwardPlan:
 
 @functools.lru_cache(maxsize=1024)
 def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask: bool, multiply: bool,
-                normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool) -> dict:
+                normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool,
+                precision: str = "ieee") -> dict:
     """The kernel's constexprs for one variant (cached: built once, not on every call; read-only)."""
     return dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
         HAS_QMASK=has_qmask, HAS_DMASK=has_dmask, MULTIPLY=multiply,
         NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % cfg.BK == 0),
-        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        DOT_PRECISION=precision if dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and dtype == torch.bfloat16,
         ROW_MAX=cfg.row_max, USE_TMA=use_tma,
     )

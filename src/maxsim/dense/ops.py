@@ -3,9 +3,10 @@
 Two torch.library custom ops wrap the launchers so that autograd, ``torch.compile`` (no graph
 break: the ops have fake implementations) and ``torch.library.opcheck`` see one opaque operator:
 
-    maxsim::dense_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
+    maxsim::dense_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision)
         -> (scores, argmax)          (strategy: the backward's grad_D reduction; autograd's
-                                      setup_context reads it from the op's inputs)
+                                      setup_context reads it from the op's inputs; precision:
+                                      the resolved fp32 product, "ieee" / "tf32x3" / "tf32")
     maxsim::dense_backward(grad, Q, D, argmax, normalize, strategy) -> (grad_Q, grad_D)
 
 Each op's body asks :mod:`maxsim.selection.dense` for its kernel and tiles, then calls the
@@ -31,21 +32,22 @@ from maxsim.cpu import maxsim_cpu
 from maxsim.dense import forward as _forward
 from maxsim.dense.backward import maxsim_backward
 from maxsim.selection import dense as select
+from maxsim.selection.common import PRECISIONS, device_of, precision_choice
 from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.tuning.autotune import autotune_enabled
 
 
-def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_key=None):
+def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_key=None, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
     plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
     return _forward.maxsim_forward(Q, D, q_mask, d_mask, config=plan.config, warp_specialized=plan.warp_specialized,
                                    normalize=normalize, multiply=multiply, save_argmax=save_argmax,
-                                   plan_key=plan_key)
+                                   precision=precision, plan_key=plan_key)
 
 
-def _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
+def _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision):
     """The forward op's body (``strategy`` is for the backward only)."""
-    scores, argmax = _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
+    scores, argmax = _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, precision=precision)
     return scores, argmax_or_empty(argmax, Q.device)
 
 
@@ -65,14 +67,15 @@ def dense_forward(
     multiply: bool,
     save_argmax: bool,
     strategy: str,
+    precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Q [Nq, Lq, d], D [Nq|1, Nd, Ld, d] -> scores [Nq, Nd] fp32, argmax [Nq, Nd, Lq] int32
     (an empty [0] tensor unless ``save_argmax``)."""
-    return _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy)
+    return _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision)
 
 
 @dense_forward.register_fake
-def _(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy):
+def _(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision):
     Nq, Lq, _ = Q.shape
     Nd = D.shape[1]
     scores = Q.new_empty((Nq, Nd), dtype=torch.float32)
@@ -99,7 +102,7 @@ def _(grad, Q, D, argmax, normalize, strategy):
 
 
 def _setup_context(ctx, inputs, output):
-    Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy = inputs
+    Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, _precision = inputs
     _, argmax = output
     # The argmax output has no gradient: without this, autograd would hand the backward a zero
     # int32 tensor of the argmax's size (measured: one more argmax of memory at the peak).
@@ -115,7 +118,7 @@ def _setup_context(ctx, inputs, output):
 
 # Autograd for the op, and the eager training path: the same implementation and rule.
 _DenseMaxSim = make_differentiable(
-    "_DenseMaxSim", dense_forward, dense_backward, _setup_context, _forward_launch, _backward_launch, n_inputs=8
+    "_DenseMaxSim", dense_forward, dense_backward, _setup_context, _forward_launch, _backward_launch, n_inputs=9
 )
 
 
@@ -131,6 +134,7 @@ def maxsim(
     backward: str = "auto",
     q_lengths: torch.Tensor | None = None,
     d_lengths: torch.Tensor | None = None,
+    precision: str = "auto",
 ):
     """Late-interaction (MaxSim) scores, fused: the similarity tensor is never written to memory.
 
@@ -162,6 +166,11 @@ def maxsim(
             A length below 0 or above the padded length makes that sequence's scores NaN (no
             host synchronisation). Today they become the equivalent mask: the kernels still read
             the padded tail.
+        precision: the products of fp32 inputs: ``"ieee"`` (IEEE FMAs on the CUDA cores, exact),
+            ``"tf32x3"`` (split precision on the tensor cores: three TF32 products, fp32-accurate),
+            ``"tf32"`` (one TF32 product, relative error near 1e-4) or ``"auto"`` (the split on
+            GPUs where it has been verified, IEEE elsewhere; ``maxsim.explain`` says which).
+            16-bit inputs' products are exact whatever it says; the CPU backend computes IEEE fp32.
 
     Returns:
         fp32 scores (and the argmax when asked). Accumulation is fp32; fp32 inputs get
@@ -184,11 +193,11 @@ def maxsim(
         if d_lengths is not None:
             d_mask, d_invalid = _checks.mask_from_lengths("d_lengths", d_lengths, D, d_mask, "d_mask")
         out = maxsim(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax,
-                     backward=backward)
+                     backward=backward, precision=precision)
         scores = out[0] if return_argmax else out
         scores = _checks.nan_where_invalid(scores, q_invalid, d_invalid, Q.dim(), D.dim())
         return (scores, out[1]) if return_argmax else scores
-    plan_key = _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argmax, backward)
+    plan_key = _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argmax, backward, precision)
     plan = _forward.plan_for(plan_key) if plan_key is not None else None
     if plan is not None:
         scores, argmax = plan(Q, D, q_mask, d_mask)
@@ -200,26 +209,29 @@ def maxsim(
     _checks.check_bool("normalize", normalize)
     _checks.check_bool("return_argmax", return_argmax)
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
+    _checks.check_choice("precision", precision, PRECISIONS)
     if backend_for(p.Q.device) == "reference":
         run = maxsim_cpu if pytorch_backend() == "cpu" else reference.maxsim_reference
         return run(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax)
     multiply = mask_mode == "multiply"
+    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1])[0]
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:
         op = dense_forward if compiling else _DenseMaxSim.apply
         scores, argmax = op(
             p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
-            select.strategy(backward, p.D, p.Q.shape[1]),
+            select.strategy(backward, p.D, p.Q.shape[1]), dot_precision,
         )
     else:
-        scores, argmax = _run_forward(p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, return_argmax, plan_key)
+        scores, argmax = _run_forward(p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, return_argmax, plan_key,
+                                      dot_precision)
     if return_argmax:
         return p.unbatch(scores), p.unbatch(argmax)
     return p.unbatch(scores)
 
 
-def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argmax, backward):
+def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argmax, backward, precision):
     """The signature under which an inference call's launch plan is kept (see
     :func:`maxsim.dense.forward.plan_for`), or None where the call must take the full path:
     anything but plain CUDA tensors and bool masks, gradients, torch.compile, the reference
@@ -227,7 +239,7 @@ def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argma
     if type(Q) is not torch.Tensor or type(D) is not torch.Tensor or Q.device.type != "cuda":
         return None
     if not (type(normalize) is bool and type(return_argmax) is bool and type(mask_mode) is str
-            and type(backward) is str):  # (wrong types: the full path names them)
+            and type(backward) is str and type(precision) is str):  # (wrong types: the full path names them)
         return None
     if torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad):
         return None
@@ -243,4 +255,5 @@ def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argma
         else:
             return None
     return (Q.shape, Q.stride(), Q.dtype, Q.device, Q.data_ptr() % 16, D.shape, D.stride(), D.dtype, D.device,
-            D.data_ptr() % 16, *masks, normalize, mask_mode, return_argmax, backward, torch.cuda.current_device())
+            D.data_ptr() % 16, *masks, normalize, mask_mode, return_argmax, backward, precision,
+            torch.cuda.current_device())

@@ -13,6 +13,8 @@ kernel a call gets and why each other candidate was not taken.
 
 from __future__ import annotations
 
+import torch
+
 from maxsim._capability import dtype_name
 from maxsim.tuning import FAMILIES
 
@@ -21,13 +23,16 @@ class Explanation:
     """What :func:`explain` returns: ``str()`` it (or print it) for the words; ``forward`` and
     ``backward`` hold the decisions (:class:`maxsim.selection.common.Choice`) for programs."""
 
-    def __init__(self, header: str, forward, backward, backend: str):
+    def __init__(self, header: str, forward, backward, backend: str, precision: str | None = None):
         self.header, self.forward, self.backward, self.backend = header, forward, backward, backend
+        self.precision = precision
 
     def __str__(self) -> str:
         parts = [self.header, f"  backend: {self.backend}"]
         if self.forward is not None:
             parts.append(self.forward.describe("  forward"))
+        if self.precision is not None:
+            parts.append(f"  products: {self.precision}")
         if self.backward is not None:
             parts.append(self.backward.describe("  backward (when Q or D requires grad)"))
         return "\n".join(parts)
@@ -37,7 +42,8 @@ class Explanation:
 
 def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mode: str = "exclude",
             return_argmax: bool = False, backward: str = "auto", cu_seqlens_q=None, cu_seqlens_d=None,
-            pair_q=None, pair_d=None, max_seqlen_q=None, gpu: str | None = None) -> Explanation:
+            pair_q=None, pair_d=None, max_seqlen_q=None, precision: str = "auto",
+            gpu: str | None = None) -> Explanation:
     """Which kernel ``maxsim.maxsim(Q, D, q_mask, d_mask, ...)`` runs, with which tile, and why
     each other kernel was not chosen; the same for the backward strategy.
 
@@ -53,6 +59,7 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
     from maxsim import _checks
     from maxsim._dispatch import backend_for, interpreting
     from maxsim.selection import dense, varlen
+    from maxsim.selection.common import precision_choice
 
     if gpu is not None and gpu not in FAMILIES:
         raise ValueError(f"maxsim: gpu must be one of {', '.join(FAMILIES)} or None; got {gpu!r}")
@@ -93,7 +100,13 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         masked = p.q_mask is not None or p.d_mask is not None
         fwd = dense.forward_choice(p.Q, p.D, masked, normalize, return_argmax, family=family, exact_words=True)
         bwd = dense.strategy_choice(backward, p.Q, p.D)
-    return Explanation(header, fwd, bwd, backend_words)
+    dtype = q.dtype if packed else p.Q.dtype
+    try:
+        dot, why = precision_choice(dtype, precision, family)
+        products = f"{dot} — {why}" if dtype == torch.float32 else why
+    except RuntimeError as e:  # the call itself would raise this
+        products = f"precision={precision!r} is refused here: {str(e).removeprefix('maxsim: ')}"
+    return Explanation(header, fwd, bwd, backend_words, products)
 
 
 __all__ = ["Explanation", "explain"]

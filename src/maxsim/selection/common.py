@@ -61,12 +61,44 @@ def format_config(config) -> str:
 UNVERIFIED_ENV = "MAXSIM_UNVERIFIED_KERNELS"
 
 
+def unverified_allowed(family: str) -> bool:
+    """Whether code that has not yet run on a GPU may run on ``family``: in the interpreter, or opted in."""
+    return family == "interpreter" or os.environ.get(UNVERIFIED_ENV, "0").strip().lower() in ("1", "true", "yes")
+
+
 def not_yet_on_gpu(kernel: KernelSpec, family: str) -> str | None:
     """Why ``kernel`` (declared unverified on GPUs) is not chosen on ``family`` (None: it may run)."""
-    if family == "interpreter" or os.environ.get(UNVERIFIED_ENV, "0").strip().lower() in ("1", "true", "yes"):
+    if unverified_allowed(family):
         return None
     return (f"has not yet run on a GPU (its tests pass in Triton's interpreter); {UNVERIFIED_ENV}=1 opts in "
             "until its GPU tests and benchmark have run")
+
+
+PRECISIONS = ("auto", "ieee", "tf32x3", "tf32")
+_PRECISION_WORDS = {
+    "ieee": "IEEE fp32 FMAs on the CUDA cores (exact products)",
+    "tf32x3": "split precision on the tensor cores: three TF32 products summed in fp32 (fp32-accurate)",
+    "tf32": "one TF32 tensor-core product (10-bit mantissas: relative error near 1e-4)",
+}
+
+
+def precision_choice(dtype: torch.dtype, precision: str, family: str) -> tuple[str, str]:
+    """(Triton ``input_precision`` for the forward's dot, why) for inputs of ``dtype``, a call's
+    ``precision=`` and the device family. 16-bit inputs' products are exact in fp32 whatever it says."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"maxsim: precision must be one of {', '.join(map(repr, PRECISIONS))}; got {precision!r}")
+    if dtype != torch.float32:
+        return "tf32", "16-bit inputs: every product is exact in fp32 (precision= applies to fp32 inputs)"
+    if precision == "auto":
+        if family in T.SPLIT_FP32_FAMILIES:
+            return "tf32x3", f"{_PRECISION_WORDS['tf32x3']}, verified on {family}"
+        return "ieee", (f"{_PRECISION_WORDS['ieee']}: the split-precision product has not been verified on "
+                        f"{family} (precision='tf32x3' asks for it)")
+    if precision != "ieee" and family not in T.SPLIT_FP32_FAMILIES and not unverified_allowed(family):
+        raise RuntimeError(f"maxsim: precision={precision!r} has not yet run on a GPU (its tests pass in "
+                           f"Triton's interpreter and it compiles for sm_90); {UNVERIFIED_ENV}=1 opts in "
+                           "until its GPU tests and benchmark have run")
+    return precision, _PRECISION_WORDS[precision]
 
 
 def auto_strategy(one_query_per_document: bool, lq: int, fp32_buffer_bytes: int,

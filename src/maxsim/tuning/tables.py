@@ -31,6 +31,11 @@ LOWMEM_SCRATCH_FRACTION = 0.06
 LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
 LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 
+# fp32 inputs on the tensor cores: the GPU families whose runs verified precision="tf32x3" and
+# "tf32" against float64 and timed them; there "auto" takes the split (tf32x3), elsewhere IEEE
+# FMAs, and an explicit tensor-core precision needs MAXSIM_UNVERIFIED_KERNELS=1. None yet.
+SPLIT_FP32_FAMILIES: tuple[str, ...] = ()
+
 # --- dense forward, warp-specialized (Gluon) kernel ------------------------------------------
 # tile: BM (query rows a program), BN (document tokens a tile), num_stages (its ring of tiles).
 

@@ -197,6 +197,7 @@ def varlen_forward(
     *,
     config: dict,
     max_d: int | None = None,
+    precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores for the cross product (``pair_q`` None) -> ``[Nq, Nd]``, or for pairs -> ``[P]``.
 
@@ -204,7 +205,8 @@ def varlen_forward(
     same device; ``max_q`` bounds every query's length (it sets the number of query chunks), ``max_d``
     (None: no bound) every document's. An output whose query or document lies outside the data or
     passes its bound, or whose pair index is out of range, is NaN (argmax -1).
-    ``config``: the tile (BM, BN, BK, num_warps, num_stages) from ``maxsim.selection.varlen``.
+    ``config``: the tile (BM, BN, BK, num_warps, num_stages) from ``maxsim.selection.varlen``;
+    ``precision``: fp32 inputs' products (``"ieee"`` / ``"tf32x3"`` / ``"tf32"``, resolved by the selection).
     With ``save_argmax`` also returns argmax ``[P, max_q]`` int32 in pair order (cross product:
     pair p = query p % Nq, document p // Nq), else None.
     """
@@ -230,7 +232,7 @@ def varlen_forward(
     arg = argmax if argmax is not None else cu_q  # any tensor when unused
     constexprs = dict(
         BM=BM, BN=BN, BK=BK, NUM_K=-(-dim // BK), EVEN_K=dim % BK == 0,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=precision if q.dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and q.dtype == torch.bfloat16, SAVE_ARGMAX=save_argmax,
     )
     if cross:

@@ -11,22 +11,23 @@ from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, pytorch_backend, through_dispatcher
 from maxsim.cpu.varlen import padded, varlen_cpu
 from maxsim.selection import varlen as select
+from maxsim.selection.common import PRECISIONS, device_of, precision_choice
 from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
 from maxsim.varlen.packing import pack
 
 
-def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=False):
+def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=False, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
     choice = select.forward_choice(q, cu_q.numel() - 1, max_q, pair_q is not None, save_argmax)
     return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax, config=choice.config,
-                          max_d=max_d)
+                          max_d=max_d, precision=precision)
 
 
-def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy):
+def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy, precision):
     """The forward op's body (``strategy`` is for the backward only)."""
-    scores, argmax = _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax)
+    scores, argmax = _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax, precision)
     return scores, argmax_or_empty(argmax, q.device)
 
 
@@ -49,14 +50,15 @@ def varlen_forward_op(
     max_d: int,
     save_argmax: bool,
     strategy: str,
+    precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed scores ([Nq, Nd], or [P] for pairs) and argmax [P, max_q] int32 (empty unless saved).
-    ``strategy`` is the backward's (read by autograd)."""
-    return _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy)
+    ``strategy`` is the backward's (read by autograd); ``precision`` the resolved fp32 product."""
+    return _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy, precision)
 
 
 @varlen_forward_op.register_fake
-def _(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy):
+def _(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy, precision):
     Nq, Nd = cu_q.shape[0] - 1, cu_d.shape[0] - 1
     P = Nq * Nd if pair_q is None else pair_q.shape[0]
     scores = q.new_empty((Nq, Nd) if pair_q is None else (P,), dtype=torch.float32)
@@ -85,7 +87,7 @@ def _(grad, q, d, cu_q, cu_d, pair_q, pair_d, argmax, strategy):
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy = inputs
+    q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy, _precision = inputs
     ctx.set_materialize_grads(False)  # no zero tensor the size of the argmax for its "gradient"
     ctx.has_argmax = save_argmax
     ctx.backward_args = (strategy,)
@@ -95,21 +97,22 @@ def _varlen_setup_context(ctx, inputs, output):
 # Autograd for the op, and the eager training path: the same implementation and rule.
 _VarlenMaxSim = make_differentiable(
     "_VarlenMaxSim", varlen_forward_op, varlen_backward_op, _varlen_setup_context, _forward_launch, _backward_launch,
-    n_inputs=10,
+    n_inputs=11,
 )
 
 
-def _run(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, backward):
+def _run(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, backward, precision):
     """The kernels: through the differentiable custom op under torch.compile, the eager autograd
     Function when a gradient is needed, straight to the launcher otherwise."""
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
+    dot_precision = precision_choice(q.dtype, precision, device_of(q)[1])[0]
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:
         op = varlen_forward_op if compiling else _VarlenMaxSim.apply
         return op(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, needs_grad,
-                  select.strategy(backward, q, d, max_q))[0]
-    return _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d)[0]
+                  select.strategy(backward, q, d, max_q), dot_precision)[0]
+    return _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, precision=dot_precision)[0]
 
 
 def _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d, validate):
@@ -161,7 +164,7 @@ def check_packed(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, 
 
 
 def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None, max_seqlen_d=None, *,
-                  backward="auto", validate=False):
+                  backward="auto", validate=False, precision="auto"):
     """MaxSim of every packed query against every packed document, without padding.
 
     Args:
@@ -178,6 +181,8 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
             unified unless its fp32 buffers of q's and d's size would pass 2 GiB.
         validate: check every value on the host even with both max lengths (one synchronisation),
             raising an error that names the problem instead of scoring it NaN.
+        precision: fp32 inputs' products, as :func:`maxsim.maxsim`'s (``"auto"``, ``"ieee"``,
+            ``"tf32x3"``, ``"tf32"``).
 
     Returns:
         ``[Nq, Nd]`` fp32; an empty sequence contributes 0 (and gets zero gradient). Same as
@@ -186,13 +191,14 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
     """
     q, d, cu_q, cu_d, max_q, max_d, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
                                                  validate)
+    _checks.check_choice("precision", precision, PRECISIONS)
     if backend_for(q.device) == "reference":
         return _pytorch_backend(pytorch_backend(), q, d, cu_q, cu_d, max_q, max_d, None, None)
-    return _run(q, d, cu_q, cu_d, max_q, max_d, None, None, backward)
+    return _run(q, d, cu_q, cu_d, max_q, max_d, None, None, backward, precision)
 
 
 def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None, *,
-                       backward="auto", validate=False):
+                       backward="auto", validate=False, precision="auto"):
     """MaxSim of chosen (query, document) pairs of packed batches: the reranking shape.
 
     Args:
@@ -201,7 +207,7 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
             ``pair_d[p]``. With both max lengths given nothing is read on the host: an index out
             of range (negative ones included: -1 does not wrap) then scores NaN instead of
             raising, as does a pair whose query or document is invalid.
-        backward, validate: as :func:`maxsim_varlen`.
+        backward, validate, precision: as :func:`maxsim_varlen`.
 
     Returns:
         ``[P]`` fp32, differentiable in q and d.
@@ -211,9 +217,10 @@ def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seq
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
     _checks.check_pairs(pair_q, pair_d, Nq, Nd, q.device, check_values=not trusted)
     pq, pd = pair_q.to(torch.int64), pair_d.to(torch.int64)
+    _checks.check_choice("precision", precision, PRECISIONS)
     if backend_for(q.device) == "reference":
         return _pytorch_backend(pytorch_backend(), q, d, cu_q, cu_d, max_q, max_d, pq, pd)
-    return _run(q, d, cu_q, cu_d, max_q, max_d, pq, pd, backward)
+    return _run(q, d, cu_q, cu_d, max_q, max_d, pq, pd, backward, precision)
 
 
 def _pytorch_backend(backend, q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d):

@@ -1,0 +1,127 @@
+"""precision= for fp32 inputs: which product each call's kernel is built with ("ieee", "tf32x3",
+"tf32"), the rule of "auto", the gate on GPUs where the tensor-core paths have not run, and the CPU
+backend's IEEE answer. (The interpreter computes every dot in fp32 whatever the precision, so the
+tests here check what reaches the kernel; tests/compile_check.py checks that the tensor-core
+variants build for sm_90 on wgmma, and the GPU tier checks their accuracy.)"""
+
+import pytest
+import torch
+
+import maxsim
+from conftest import KERNEL_DEVICE
+from maxsim.dense import forward as dense_forward
+from maxsim.selection.common import UNVERIFIED_ENV, precision_choice
+from maxsim.tuning import tables as T
+from maxsim.varlen import forward as varlen_forward
+
+DEV = KERNEL_DEVICE
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """Every DOT_PRECISION a dense or packed forward kernel is launched with, in order."""
+    calls = []
+
+    def spy(real):
+        def launch(kernel, grid, args, constexprs, **kw):
+            calls.append(constexprs["DOT_PRECISION"])
+            return real(kernel, grid, args, constexprs, **kw)
+        return launch
+
+    monkeypatch.setattr(dense_forward, "launch", spy(dense_forward.launch))
+    monkeypatch.setattr(varlen_forward, "launch", spy(varlen_forward.launch))
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+    return calls
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3", "tf32"])
+def test_fp32_calls_reach_the_kernel_with_their_precision(seen, precision):
+    Q, D = torch.randn(2, 5, 16, device=DEV), torch.randn(3, 7, 16, device=DEV)
+    want = maxsim.maxsim(Q, D, precision="ieee")
+    seen.clear()
+    out = maxsim.maxsim(Q, D, precision=precision)
+    assert seen == [precision]
+    torch.testing.assert_close(out, want, rtol=1e-3, atol=1e-3)
+    # Training (the autograd path) and the packed layout carry it too.
+    Qg = Q.clone().requires_grad_(True)
+    maxsim.maxsim(Qg, D, precision=precision).sum().backward()
+    docs = [D[0], D[1, :3]]
+    maxsim.maxsim_varlen(list(Q), docs, precision=precision)
+    q, cu_q, max_q = maxsim.pack(list(Q))
+    d, cu_d, max_d = maxsim.pack(docs)
+    pairs = torch.tensor([0, 1], device=DEV)
+    maxsim.score_pairs_packed(q, d, cu_q, cu_d, pairs, pairs, max_q, max_d, precision=precision)
+    assert seen == [precision] * 4
+
+
+def test_auto_is_ieee_until_the_split_is_verified(seen, monkeypatch):
+    Q, D = torch.randn(2, 5, 16, device=DEV), torch.randn(3, 7, 16, device=DEV)
+    maxsim.maxsim(Q, D)
+    assert seen == ["ieee"]
+    assert precision_choice(torch.float32, "auto", "sm90")[0] == "ieee"
+    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
+    choice, why = precision_choice(torch.float32, "auto", "sm90")
+    assert choice == "tf32x3" and "verified on sm90" in why
+    assert precision_choice(torch.float32, "auto", "unmeasured")[0] == "ieee"
+
+
+def test_sixteen_bit_inputs_ignore_it(seen):
+    for dtype in (torch.float16, torch.bfloat16):
+        Q, D = torch.randn(2, 5, 16, device=DEV).to(dtype), torch.randn(3, 7, 16, device=DEV).to(dtype)
+        a = maxsim.maxsim(Q, D, precision="ieee")
+        b = maxsim.maxsim(Q, D, precision="tf32")
+        assert torch.equal(a, b)
+    assert set(seen) == {"tf32"}  # 16-bit tensor-core dots: exact products, any precision word
+    assert precision_choice(torch.bfloat16, "ieee", "sm90")[0] == "tf32"
+
+
+def test_tensor_core_precisions_are_held_back_on_gpus_until_verified(monkeypatch):
+    monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
+    for precision in ("tf32x3", "tf32"):
+        with pytest.raises(RuntimeError, match=f"precision='{precision}' has not yet run on a GPU.*{UNVERIFIED_ENV}=1"):
+            precision_choice(torch.float32, precision, "sm90")
+        assert precision_choice(torch.float32, precision, "interpreter")[0] == precision
+    assert precision_choice(torch.float32, "ieee", "sm90")[0] == "ieee"
+    monkeypatch.setenv(UNVERIFIED_ENV, "1")
+    assert precision_choice(torch.float32, "tf32x3", "sm90")[0] == "tf32x3"
+    monkeypatch.delenv(UNVERIFIED_ENV)
+    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
+    assert precision_choice(torch.float32, "tf32", "sm90")[0] == "tf32"
+
+
+def test_cpu_backend_computes_ieee_and_checks_the_word(monkeypatch):
+    monkeypatch.setenv("MAXSIM_BACKEND", "cpu")
+    Q, D = torch.randn(2, 5, 16), torch.randn(3, 7, 16)
+    want = maxsim.maxsim(Q, D)
+    for precision in ("ieee", "tf32x3", "tf32"):
+        assert torch.equal(maxsim.maxsim(Q, D, precision=precision), want)
+    for call in (lambda p: maxsim.maxsim(Q, D, precision=p), lambda p: maxsim.maxsim_varlen(list(Q), list(D), precision=p)):
+        with pytest.raises(ValueError, match="precision must be one of 'auto', 'ieee', 'tf32x3', 'tf32'"):
+            call("bf16x3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision,bound", [("tf32x3", 1e-6), ("tf32", 2e-3), ("ieee", 1e-6)])
+def test_gpu_fp32_accuracy_against_float64(monkeypatch, precision, bound):
+    # The issue's batched shape, scaled: 16 queries x 2K documents, (32, 180), d 128, unit-norm tokens.
+    monkeypatch.setenv(UNVERIFIED_ENV, "1")
+    Q = torch.nn.functional.normalize(torch.randn(16, 32, 128, device="cuda"), dim=-1)
+    D = torch.nn.functional.normalize(torch.randn(2000, 180, 128, device="cuda"), dim=-1)
+    exact = torch.einsum("asd,btd->abst", Q.double(), D.double()).amax(-1).sum(-1)
+    for layout in ("padded", "packed"):
+        if layout == "padded":
+            got = maxsim.maxsim(Q, D, precision=precision)
+        else:
+            got = maxsim.maxsim_varlen(list(Q), list(D), precision=precision)
+        rel = float(((got.double() - exact).abs() / exact.abs()).max())
+        assert rel <= bound, f"{layout} {precision}: relative error {rel:.2e} > {bound:.0e}"
+
+
+def test_explain_says_which_product_runs(monkeypatch):
+    monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
+    Q, D = torch.randn(4, 32, 128), torch.randn(100, 180, 128)
+    assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="sm90"))
+    assert "precision='tf32x3' is refused here" in str(maxsim.explain(Q, D, gpu="sm90", precision="tf32x3"))
+    assert "16-bit inputs: every product is exact" in str(maxsim.explain(Q.half(), D.half(), gpu="sm90"))
+    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
+    assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90"))
