@@ -665,3 +665,15 @@ def test_gpu_varlen_run_and_the_floor_column(tmp_path, capsys):
     rows = {r["provider"]: r for r in _csv_rows(tmp_path, "varlen")}
     assert rows["maxsim"]["status"] == rows["maxsim-padded"]["status"] == "ok"
     assert float(rows["maxsim-padded"]["speedup"]) > 0 and float(rows["maxsim"]["peak_mb"]) >= 0
+
+
+def test_tensor_core_fp32_providers_run_by_name_only(tmp_path, capsys):
+    # maxsim-tf32x3 / maxsim-tf32 (precision=...) are not in the default set, and run when named: on
+    # the CPU backend (IEEE whatever the word) their rows pass the harness's accuracy check.
+    assert "maxsim-tf32x3" not in bench_providers.DEFAULT_PROVIDERS
+    fp32 = [dataclasses.replace(s, dtype="fp32") for s in TINY[:2]]
+    argv = ["--providers", "maxsim,maxsim-tf32x3,maxsim-tf32", "--device", "cpu", "--quick", "--out", str(tmp_path)]
+    assert run_cli(argv, shapes=fp32) == 0
+    rows = _csv_rows(tmp_path)
+    assert {r["provider"] for r in rows} == {"maxsim", "maxsim-tf32x3", "maxsim-tf32"}
+    assert all(r["status"] == "ok" for r in rows)

@@ -53,7 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the mode's set for the device; --list shows them)",
     )
     providers = "; ".join(f"{mode}: {', '.join(names)}" for mode, (_, names) in REGISTRIES.items())
-    p.add_argument("--providers", help=f"comma-separated providers (default: all of the mode's: {providers})")
+    by_name = ", ".join(n for _, (reg, names) in REGISTRIES.items() for n, pr in reg.items()
+                        if not pr.internal and n not in names)
+    p.add_argument("--providers", help=f"comma-separated providers (default: all of the mode's: {providers}; "
+                                       f"by name only: {by_name})")
     p.add_argument("--list", action="store_true", help="print every mode's shapes and providers, and exit")
     p.add_argument("--quick", action="store_true", help="fewer timing repetitions")
     p.add_argument(

@@ -48,6 +48,7 @@ class Provider:
     module: str | None = None  # a peer's import name; None: part of this package, always there
     needs_cuda: bool = False  # the peers import without a GPU but need one to run
     internal: bool = False  # a test fixture: accepted by name, listed nowhere
+    default: bool = True  # runs when --providers is not given
 
     def installed(self) -> bool:
         return self.module is None or _importable(self.module)
@@ -63,6 +64,17 @@ def _maxsim_fn(Q, D, q_mask, d_mask):
     import maxsim
 
     return maxsim.maxsim(Q, D, q_mask, d_mask).float()
+
+
+def _maxsim_with_precision(precision: str) -> Callable:
+    """maxsim with fp32 inputs' products forced (``"tf32x3"``, ``"tf32"``); 16-bit inputs ignore it."""
+
+    def fn(Q, D, q_mask, d_mask):
+        import maxsim
+
+        return maxsim.maxsim(Q, D, q_mask, d_mask, precision=precision).float()
+
+    return fn
 
 
 def _maxsim_with_backward(strategy: str) -> Callable:
@@ -231,6 +243,9 @@ PROVIDERS = {
         Provider("naive", _naive_fn, mask_mode="multiply"),
         Provider("late-interaction-kernels", _lik_fn, **_LIK),
         Provider("flash-maxsim", _flash_fn, prepare=_flash_prepare, **_FLASH),
+        # fp32 on the tensor cores; asked for by name (until their GPU run, with MAXSIM_UNVERIFIED_KERNELS=1).
+        Provider("maxsim-tf32x3", _maxsim_with_precision("tf32x3"), default=False),
+        Provider("maxsim-tf32", _maxsim_with_precision("tf32"), default=False),
         _SELFTEST,
     ]
 }
@@ -265,9 +280,9 @@ VARLEN_PROVIDERS = {
     ]
 }
 
-# mode -> (registry, default provider names: every provider that is not internal)
+# mode -> (registry, default provider names: every provider that is not internal and runs by default)
 REGISTRIES = {
-    mode: (registry, [name for name, p in registry.items() if not p.internal])
+    mode: (registry, [name for name, p in registry.items() if not p.internal and p.default])
     for mode, registry in [("forward", PROVIDERS), ("train", TRAIN_PROVIDERS), ("varlen", VARLEN_PROVIDERS)]
 }
 DEFAULT_PROVIDERS = REGISTRIES["forward"][1]
@@ -280,8 +295,9 @@ def is_maxsim(name: str) -> bool:
 
 
 def get_providers(names: list[str], mode: str = "forward") -> list[Provider]:
-    registry, listed = REGISTRIES[mode]
+    registry, _ = REGISTRIES[mode]
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ValueError(f"unknown provider(s) {', '.join(unknown)} for --mode {mode}; known: {', '.join(listed)}")
+        known = [name for name, p in registry.items() if not p.internal]
+        raise ValueError(f"unknown provider(s) {', '.join(unknown)} for --mode {mode}; known: {', '.join(known)}")
     return [registry[n] for n in names]
