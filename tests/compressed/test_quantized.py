@@ -389,6 +389,13 @@ def test_scoring_bad_input():
         maxsim_quantized(Q, values, scales.to(torch.int32))
     with pytest.raises(ValueError, match="scales must have shape"):
         maxsim_quantized(Q, values, scales[:, :4])
+    for bad in (-1.0, float("nan"), float("inf")):
+        broken = scales.clone()
+        broken[1, 2] = bad
+        with pytest.raises(ValueError, match="scales must be finite and >= 0"):
+            maxsim_quantized(Q, values, broken)
+        with pytest.raises(ValueError, match="scales must be finite and >= 0"):
+            maxsim_quantized_varlen(Q, flat_values, broken.reshape(20), cu)
     with pytest.raises(ValueError, match="values must have shape"):
         maxsim_quantized(Q, flat_values, flat_scales)
     with pytest.raises(ValueError, match="Q must have shape"):

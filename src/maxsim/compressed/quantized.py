@@ -92,6 +92,14 @@ def _check_quantized(values, scales, values_name="values", scales_name="scales")
                          f"{scales.device}")
 
 
+def _check_scale_values(scales, name="scales"):
+    # One read of the scales (on their own device) per scoring call: a negative scale would flip a
+    # token's similarities into finite wrong scores.
+    if scales.numel() and not bool(((scales >= 0) & torch.isfinite(scales)).all()):
+        raise ValueError(f"maxsim: {name} must be finite and >= 0 (amax / 127 or / 448, as quantize_tokens "
+                         "writes them); found a negative or non-finite scale")
+
+
 def dequantize_tokens(values, scales, dtype=torch.float32):
     """values [..., d] int8 / float8_e4m3fn, scales [...] floating -> values * scales[..., None], [..., d].
 
@@ -143,6 +151,7 @@ def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="
     may live elsewhere (host memory) and are copied there a chunk at a time. Differentiable in Q.
     """
     _check_quantized(values, scales)
+    _check_scale_values(scales)
     if values.dim() != 3:
         raise ValueError(f"maxsim: values must have shape [Nd, Ld, d], got {tuple(values.shape)}")
     num_docs, doc_len, dim = values.shape
@@ -222,6 +231,7 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     DEFAULT_CHUNK_BYTES of scratch, at least one). Empty documents score 0. Differentiable in Q.
     """
     _check_quantized(values, scales)
+    _check_scale_values(scales)
     if values.dim() != 2:
         raise ValueError(f"maxsim: values must have shape [T, d], got {tuple(values.shape)}")
     total, dim = values.shape
