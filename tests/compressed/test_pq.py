@@ -56,6 +56,15 @@ def test_train_is_deterministic_for_a_seed():
     assert not torch.equal(first.codebooks, other.codebooks)
 
 
+def test_train_shows_progress_when_asked(capsys):
+    pytest.importorskip("tqdm")
+    x = torch.randn(600, 8)
+    shown = ProductQuantizer.train(x, 2, iterations=3, seed=1, progress=True)
+    assert "maxsim PQ k-means" in capsys.readouterr().err
+    quiet = ProductQuantizer.train(x, 2, iterations=3, seed=1, progress=False)
+    assert capsys.readouterr().err == "" and torch.equal(shown.codebooks, quiet.codebooks)
+
+
 def test_kmeans_lowers_quantisation_error():
     x = torch.cat([_clustered(3000, 16), torch.randn(1000, 16)])
     trained = ProductQuantizer.train(x, 4, iterations=15, seed=0)

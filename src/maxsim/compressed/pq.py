@@ -26,6 +26,8 @@ import zlib
 import numpy as np
 import torch
 
+from maxsim._progress import progress_bar
+
 from ._inputs import check_chunk_documents, check_cu_seqlens, check_q_mask, check_query
 
 NUM_CENTROIDS = 256  # per sub-space: one uint8 code
@@ -89,13 +91,14 @@ class ProductQuantizer:
 
     # ------------------------------------------------------------------ training
     @classmethod
-    def train(cls, x, m, *, iterations=20, sample=65536, seed=0) -> "ProductQuantizer":
+    def train(cls, x, m, *, iterations=20, sample=65536, seed=0, progress=None) -> "ProductQuantizer":
         """k-means (k-means++ seeding, then Lloyd iterations) in each of the m sub-spaces of x [T, d].
 
         Trains on ``sample`` tokens drawn at random without replacement (all of them when T is
         smaller), on x's device; a given seed gives the same codebooks on a given device. A
         cluster left empty is re-seeded with the point farthest from its centroid. Stops early
-        when no assignment changes.
+        when no assignment changes. ``progress``: a tqdm bar over the iterations (None: when stderr
+        is a terminal and tqdm is installed; True / False: always / never).
         """
         if not torch.is_tensor(x) or not x.is_floating_point() or x.dim() != 2:
             raise ValueError(f"maxsim: x must be a floating-point tensor of shape [T, d], got "
@@ -122,12 +125,19 @@ class ProductQuantizer:
         points = points.reshape(-1, m, sub_dim).transpose(0, 1).contiguous()  # [m, n, sub_dim]
         centers = _kmeans_plus_plus(points, generator)
         previous = None
-        for _ in range(iterations):
-            assignment, distance = _assign(points, centers)  # [m, n], [m, n]
-            reseeded = _update(points, centers, assignment, distance)
-            if not reseeded and previous is not None and torch.equal(assignment, previous):
-                break
-            previous = assignment
+        bar = progress_bar(progress, iterations, "maxsim PQ k-means", "iteration")
+        try:
+            for _ in range(iterations):
+                assignment, distance = _assign(points, centers)  # [m, n], [m, n]
+                reseeded = _update(points, centers, assignment, distance)
+                if bar is not None:
+                    bar.update(1)
+                if not reseeded and previous is not None and torch.equal(assignment, previous):
+                    break
+                previous = assignment
+        finally:
+            if bar is not None:
+                bar.close()
         return cls(centers)
 
     # ------------------------------------------------------------------ encode / decode

@@ -17,29 +17,18 @@ CPU (or for a corpus already on the device) the same loop runs on views, without
 from __future__ import annotations
 
 import math
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from maxsim._progress import progress_bar
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
                                 packed_queries, score_packed_chunk)
 
 # Share of the budget for the two chunk buffers (the rest: scores, top-k state, kernel scratch).
 _BUFFER_SHARE = 0.5
 _CPU_DEFAULT_BUDGET = 1 << 30
-
-
-def _progress_bar(progress, total: int, description: str):
-    """A tqdm bar, or None (tqdm missing, not a terminal, or progress=False)."""
-    if progress is False or (progress is None and not sys.stderr.isatty()):
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="doc", unit_scale=True, desc=description, leave=False, dynamic_ncols=True)
 
 
 def default_budget(device: torch.device) -> int:
@@ -155,7 +144,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     max_documents = choose_chunk_documents(plan.batch_size, max(len(corpus), 1), k, corpus.num_tokens / max(len(corpus), 1),
                                            device, plan.score_bytes)
     work = [(s, a, b) for s in corpus.segments for a, b in plan_chunks(s.offsets, max_tokens, max_documents)]
-    bar = _progress_bar(progress, len(corpus), "maxsim search")
+    bar = progress_bar(progress, len(corpus), "maxsim search", "doc")
 
     def score(chunk_tokens: torch.Tensor, segment, start: int, stop: int, token_base: int) -> None:
         for q_b, cu_b, max_b, top in batches:
