@@ -39,7 +39,7 @@ from maxsim.tuning.autotune import autotune_enabled
 
 def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_key=None, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
-    plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
+    plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, precision)
     return _forward.maxsim_forward(Q, D, q_mask, d_mask, config=plan.config, warp_specialized=plan.warp_specialized,
                                    normalize=normalize, multiply=multiply, save_argmax=save_argmax,
                                    precision=precision, plan_key=plan_key)

@@ -202,7 +202,8 @@ def parse_tile(spec: str | None) -> tuple[ForwardConfig, bool] | None:
 FORCED_TILE = parse_tile(os.environ.get("MAXSIM_FORWARD_TILE"))
 
 
-def forward_plan(Q, D, q_mask, d_mask, normalize: bool, multiply: bool, argmax: bool) -> ForwardPlan:
+def forward_plan(Q, D, q_mask, d_mask, normalize: bool, multiply: bool, argmax: bool,
+                 precision: str = "ieee") -> ForwardPlan:
     """The kernel and tile for a forward call on canonical inputs; with ``MAXSIM_AUTOTUNE=1`` the
     fastest of the table tile's neighbours, timed once per bucket and kept on disk; with
     ``MAXSIM_FORWARD_TILE`` the forced tile (the Gluon kernel only where it can run the call)."""
@@ -213,23 +214,23 @@ def forward_plan(Q, D, q_mask, d_mask, normalize: bool, multiply: bool, argmax: 
         return ForwardPlan(forced, forced_ws and ws)
     config = choice.config
     if autotune_enabled() and not interpreting() and not torch.cuda.is_current_stream_capturing():
-        config = _autotuned(config, ws, Q, D, q_mask, d_mask, normalize, multiply, argmax)
+        config = _autotuned(config, ws, Q, D, q_mask, d_mask, normalize, multiply, argmax, precision)
     return ForwardPlan(config, ws)
 
 
-def _autotuned(config, ws, Q, D, q_mask, d_mask, normalize, multiply, argmax) -> ForwardConfig:
+def _autotuned(config, ws, Q, D, q_mask, d_mask, normalize, multiply, argmax, precision) -> ForwardConfig:
     from maxsim.dense.forward import maxsim_forward  # (the launcher: tuning times real launches)
 
     Nq, Lq, d = Q.shape
     flags = (f"qm{int(q_mask is not None)}dm{int(d_mask is not None)}mul{int(multiply)}n{int(normalize)}"
-             f"a{int(argmax)}ws{int(ws)}")
+             f"a{int(argmax)}ws{int(ws)}" + ("" if precision == "ieee" or Q.dtype != torch.float32 else precision))
     key = tuning_key("dense_forward", Nq, Lq, d, Q.dtype, D.shape[0] != 1, flags,
                      is_big_corpus(D.shape[0] * D.shape[1] * D.shape[2]))
     tuned = tuning_cache().get(key)
     if tuned is None:
         def run(cfg):
             return maxsim_forward(Q, D, q_mask, d_mask, config=cfg, warp_specialized=ws, normalize=normalize,
-                                  multiply=multiply, save_argmax=argmax)
+                                  multiply=multiply, save_argmax=argmax, precision=precision)
 
         tuned = pick_fastest(neighbour_configs(config, ws), run, cuda_timer)
         tuning_cache().put(key, tuned)
