@@ -135,3 +135,15 @@ def grad_step(fn, Q, D, q_mask=None, d_mask=None, seed=0, **kw):
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
     (out * g).sum().backward()
     return out.detach(), Q.grad, D.grad
+
+
+def loop_maxsim(Q, docs, q_mask=None):
+    """Independent oracle for ragged documents: per (query, document) a float64 max then sum, query
+    by query and document by document; empty documents 0. Q [Nq, Lq, d], docs a list of [L, d]."""
+    out = torch.zeros(Q.shape[0], len(docs), dtype=torch.float64)
+    for i in range(Q.shape[0]):
+        q = Q[i].double() if q_mask is None else Q[i][q_mask[i]].double()
+        for j, d in enumerate(docs):
+            if d.shape[0] and q.shape[0]:
+                out[i, j] = (q @ d.double().T).max(dim=1).values.sum()
+    return out.float()

@@ -9,6 +9,7 @@ import maxsim
 from maxsim.compressed import pq as pq_module
 from maxsim.compressed.pq import ProductQuantizer, maxsim_pq, maxsim_pq_varlen
 from maxsim.reference import maxsim_reference
+from oracle import loop_maxsim
 
 
 def _random_pq(m=4, sub_dim=4, device="cpu"):
@@ -17,17 +18,6 @@ def _random_pq(m=4, sub_dim=4, device="cpu"):
 
 def _random_codes(shape, m, dtype=torch.uint8):
     return torch.randint(0, 256, (*shape, m)).to(dtype)
-
-
-def _loop_maxsim(Q, docs, q_mask=None):
-    """Independent oracle in float64: per (query, document) max then sum; empty documents 0."""
-    out = torch.zeros(Q.shape[0], len(docs), dtype=torch.float64)
-    for i in range(Q.shape[0]):
-        q = Q[i].double() if q_mask is None else Q[i][q_mask[i]].double()
-        for j, d in enumerate(docs):
-            if d.shape[0] and q.shape[0]:
-                out[i, j] = (q @ d.double().T).max(dim=1).values.sum()
-    return out.float()
 
 
 def _loop_decode(pq, codes):
@@ -222,7 +212,7 @@ def test_padded_scores_match_maxsim_on_the_decoded_corpus(chunk_documents, q_dty
     D = pq.decode(codes)  # [Nd, Ld, d], padding decoded too and masked out
     expected = maxsim.maxsim(Q.float(), D, q_mask, d_mask)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got, _loop_maxsim(Q.float(), docs, q_mask), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, loop_maxsim(Q.float(), docs, q_mask), atol=1e-4, rtol=1e-4)
     assert torch.all(got[:, 1] == 0) and torch.all(got[2] == 0)  # empty document, all-masked query
 
 
@@ -233,7 +223,7 @@ def test_integer_codes_and_junk_padding(codes_dtype):
     codes, doc_lengths, d_mask, docs = _padded_corpus(pq, lengths, 6, codes_dtype, junk_padding=True)
     Q = torch.randn(2, 4, 6)
     got = maxsim_pq(Q, codes, pq, doc_lengths)
-    torch.testing.assert_close(got, _loop_maxsim(Q, docs), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, loop_maxsim(Q, docs), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="codes"):  # all tokens real: the junk is read
         maxsim_pq(Q, codes, pq)
 
@@ -250,7 +240,7 @@ def test_varlen_scores_match_maxsim_varlen_and_loop(chunk_documents):
     got = maxsim_pq_varlen(Q, codes, cu, pq, q_mask=q_mask, chunk_documents=chunk_documents)
     decoded = pq.decode(codes)
     docs = [decoded[cu[j]:cu[j + 1]] for j in range(len(lengths))]
-    torch.testing.assert_close(got, _loop_maxsim(Q, docs, q_mask), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, loop_maxsim(Q, docs, q_mask), atol=1e-4, rtol=1e-4)
     Q_masked = Q * q_mask.unsqueeze(-1)  # a zero query token scores 0 everywhere: adds nothing
     expected = maxsim.maxsim_varlen(Q_masked.reshape(-1, 16), decoded, torch.arange(5) * 5, cu,
                                     max_seqlen_q=5, max_seqlen_d=max(lengths))
@@ -265,7 +255,7 @@ def test_two_d_query_and_small_scratch_budget(monkeypatch):
     codes, doc_lengths, _, docs = _padded_corpus(pq, lengths, 11)
     Q = torch.randn(5, 4, 12)
     got = maxsim_pq(Q, codes, pq, doc_lengths)
-    torch.testing.assert_close(got, _loop_maxsim(Q, docs), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, loop_maxsim(Q, docs), atol=1e-4, rtol=1e-4)
     single = maxsim_pq(Q[2], codes, pq, doc_lengths)
     assert single.shape == (7,)
     torch.testing.assert_close(single, got[2], atol=1e-5, rtol=1e-5)

@@ -7,6 +7,7 @@ import maxsim
 from maxsim.compressed import ResidualCodec, maxsim_residual, maxsim_residual_varlen, plaid_approx_score
 from maxsim.compressed import scoring
 from maxsim.reference import maxsim_reference
+from oracle import loop_maxsim
 
 
 def _codec(nbits=2, dim=32, num_centroids=50):
@@ -25,17 +26,6 @@ def _corpus(codec, lengths):
     return codes, residuals, cu
 
 
-def _loop_maxsim(Q, docs, q_mask=None):
-    """Independent oracle: per (query, document) max then sum; empty documents 0."""
-    out = torch.zeros(Q.shape[0], len(docs), dtype=torch.float64)
-    for i in range(Q.shape[0]):
-        q = Q[i].double() if q_mask is None else Q[i][q_mask[i]].double()
-        for j, d in enumerate(docs):
-            if d.shape[0] and q.shape[0]:
-                out[i, j] = (q @ d.double().T).max(dim=1).values.sum()
-    return out.float()
-
-
 @pytest.mark.parametrize("nbits", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_varlen_matches_decoded_loop(nbits, dtype):
@@ -46,7 +36,7 @@ def test_varlen_matches_decoded_loop(nbits, dtype):
     got = maxsim_residual_varlen(Q, codes, residuals, cu, codec)
     decoded = codec.decode(codes, residuals, dtype=torch.float16 if dtype == torch.float16 else torch.float32)
     docs = [decoded[cu[j]:cu[j + 1]] for j in range(len(lengths))]
-    expected = _loop_maxsim(Q.to(decoded.dtype), docs)
+    expected = loop_maxsim(Q.to(decoded.dtype), docs)
     assert got.shape == (3, 5) and got.dtype == torch.float32
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert torch.all(got[:, 1] == 0)  # the empty document
@@ -67,13 +57,13 @@ def test_padded_matches_varlen_with_lengths_masks_and_junk_padding():
     q_mask[1] = False
     got = maxsim_residual(Q, padded_codes, padded_res, codec, torch.tensor(lengths), q_mask=q_mask)
     decoded = codec.decode(codes, residuals, dtype=torch.float32)
-    expected = _loop_maxsim(Q, [decoded[cu[j]:cu[j + 1]] for j in range(4)], q_mask)
+    expected = loop_maxsim(Q, [decoded[cu[j]:cu[j + 1]] for j in range(4)], q_mask)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     varlen = maxsim_residual_varlen(Q, codes, residuals, cu, codec, q_mask=q_mask)
     torch.testing.assert_close(varlen, expected, atol=1e-4, rtol=1e-4)
     single = maxsim_residual(Q[0], padded_codes, padded_res, codec, torch.tensor(lengths))
     assert single.shape == (4,)
-    torch.testing.assert_close(single, _loop_maxsim(Q[:1], [decoded[cu[j]:cu[j + 1]] for j in range(4)])[0],
+    torch.testing.assert_close(single, loop_maxsim(Q[:1], [decoded[cu[j]:cu[j + 1]] for j in range(4)])[0],
                                atol=1e-4, rtol=1e-4)
 
 
@@ -84,7 +74,7 @@ def test_unnormalized_decode_and_small_chunks(monkeypatch):
     codes, residuals, cu = _corpus(codec, lengths)
     Q = torch.randn(2, 4, codec.dim)
     decoded = codec.decode(codes, residuals, normalize=False, dtype=torch.float32)
-    expected = _loop_maxsim(Q, [decoded[cu[j]:cu[j + 1]] for j in range(len(lengths))])
+    expected = loop_maxsim(Q, [decoded[cu[j]:cu[j + 1]] for j in range(len(lengths))])
     got = maxsim_residual_varlen(Q, codes, residuals, cu, codec, normalize=False)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 

@@ -66,24 +66,14 @@ def _maxsim_fn(Q, D, q_mask, d_mask):
     return maxsim.maxsim(Q, D, q_mask, d_mask).float()
 
 
-def _maxsim_with_precision(precision: str) -> Callable:
-    """maxsim with fp32 inputs' products forced (``"tf32x3"``, ``"tf32"``); 16-bit inputs ignore it."""
+def _maxsim_with(**options) -> Callable:
+    """maxsim with fixed keyword options: a backward strategy (``backward="lowmem"``) or fp32
+    inputs' products (``precision="tf32x3"``; 16-bit inputs ignore it)."""
 
     def fn(Q, D, q_mask, d_mask):
         import maxsim
 
-        return maxsim.maxsim(Q, D, q_mask, d_mask, precision=precision).float()
-
-    return fn
-
-
-def _maxsim_with_backward(strategy: str) -> Callable:
-    """maxsim with the given grad_D strategy (``auto``, ``unified``, ``lowmem``)."""
-
-    def fn(Q, D, q_mask, d_mask):
-        import maxsim
-
-        return maxsim.maxsim(Q, D, q_mask, d_mask, backward=strategy).float()
+        return maxsim.maxsim(Q, D, q_mask, d_mask, **options).float()
 
     return fn
 
@@ -244,8 +234,8 @@ PROVIDERS = {
         Provider("late-interaction-kernels", _lik_fn, **_LIK),
         Provider("flash-maxsim", _flash_fn, prepare=_flash_prepare, **_FLASH),
         # fp32 on the tensor cores; asked for by name (until their GPU run, with MAXSIM_UNVERIFIED_KERNELS=1).
-        Provider("maxsim-tf32x3", _maxsim_with_precision("tf32x3"), default=False),
-        Provider("maxsim-tf32", _maxsim_with_precision("tf32"), default=False),
+        Provider("maxsim-tf32x3", _maxsim_with(precision="tf32x3"), default=False),
+        Provider("maxsim-tf32", _maxsim_with(precision="tf32"), default=False),
         _SELFTEST,
     ]
 }
@@ -256,9 +246,9 @@ PROVIDERS = {
 TRAIN_PROVIDERS = {
     p.name: p
     for p in [
-        Provider("maxsim", _maxsim_with_backward("auto"), dist="maxsim"),
-        Provider("maxsim-unified", _maxsim_with_backward("unified")),
-        Provider("maxsim-lowmem", _maxsim_with_backward("lowmem")),
+        Provider("maxsim", _maxsim_with(backward="auto"), dist="maxsim"),
+        Provider("maxsim-unified", _maxsim_with(backward="unified")),
+        Provider("maxsim-lowmem", _maxsim_with(backward="lowmem")),
         PROVIDERS["naive"],
         PROVIDERS["late-interaction-kernels"],
         Provider("flash-maxsim", _flash_train_fn, prepare=_flash_train_prepare, **_FLASH),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from maxsim._checks import as_bool_mask
+
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -22,24 +24,16 @@ def check_query(Q, dim: int, of: str, name: str = "Q") -> None:
                          f"{tuple(Q.shape)}")
 
 
-def check_mask(mask, shape, name: str, of: str, device) -> torch.Tensor | None:
-    """A mask of ``shape`` (bool, or 0/1 numbers) -> bool on ``device``, or None."""
+def check_mask(mask, shape, name: str, device) -> torch.Tensor | None:
+    """A mask of ``shape`` (bool, or 0/1 numbers), on any device -> bool on ``device``, or None
+    (``maxsim._checks.as_bool_mask``'s rules once it is there)."""
     if mask is None:
         return None
-    if not torch.is_tensor(mask) or tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"maxsim: {name} must have shape {tuple(shape)} ({of}), got "
-                         f"{tuple(mask.shape) if torch.is_tensor(mask) else type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        if mask.is_complex():
-            raise TypeError(f"maxsim: {name} must be bool or 0/1 integers or floats, got {mask.dtype}")
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError(f"maxsim: {name} must hold only 0 and 1 (or be bool)")
-        mask = mask != 0
-    return mask.to(device)
+    return as_bool_mask(name, mask.to(device) if torch.is_tensor(mask) else mask, tuple(shape), device)
 
 
 def check_q_mask(q_mask, Q: torch.Tensor) -> torch.Tensor | None:
-    return check_mask(q_mask, Q.shape[:-1], "q_mask", "Q.shape[:-1]", Q.device)
+    return check_mask(q_mask, Q.shape[:-1], "q_mask", Q.device)
 
 
 def check_cu_seqlens(cu_seqlens_d, total: int, name: str = "cu_seqlens_d") -> torch.Tensor:

@@ -157,7 +157,7 @@ def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="
     num_docs, doc_len, dim = values.shape
     check_query(Q, dim, "values")
     q_mask = check_q_mask(q_mask, Q)
-    d_mask = check_mask(d_mask, values.shape[:-1], "d_mask", "values.shape[:-1]", values.device)
+    d_mask = check_mask(d_mask, values.shape[:-1], "d_mask", values.device)
     _checks.check_choice("mask_mode", mask_mode, _checks.MASK_MODES)
     _checks.check_bool("normalize", normalize)
     check_chunk_documents(chunk_documents)
@@ -188,35 +188,23 @@ def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="
 
 def _packed_queries(Q, q_mask, dim):
     """Q in any accepted form -> (packed [Tq, d], cu_seqlens_q int64 [Nq + 1], max length, 1 query given
-    as [Lq, d]?). Masked query tokens are dropped: under the exclude rule they add nothing."""
+    as [Lq, d]?): the query checks of this family, then the search family's packing (masked query
+    tokens dropped: under the exclude rule they add nothing)."""
+    from maxsim.search.topk import packed_queries  # (at call time: maxsim.search imports the package)
+
     if isinstance(Q, (list, tuple)):
-        if q_mask is not None:
-            raise ValueError("maxsim: q_mask applies to a padded Q [Nq, Lq, d]; a list of queries holds only real tokens")
         if not Q:
             raise ValueError("maxsim: Q must hold at least one query, got an empty list")
         for k, q in enumerate(Q):
             check_query(q, dim, "values", name=f"Q[{k}]")
             if q.dim() != 2:
                 raise ValueError(f"maxsim: Q[{k}] must have shape [L, {dim}], got {tuple(q.shape)}")
-        packed, cu_q, max_q = _maxsim.pack(Q)
-        return packed, cu_q, max_q, False
-    check_query(Q, dim, "values")
-    q_mask = check_q_mask(q_mask, Q)
-    single_query = Q.dim() == 2
-    if single_query:
-        Q = Q.unsqueeze(0)
-        q_mask = None if q_mask is None else q_mask.unsqueeze(0)
-    num_queries, query_len, _ = Q.shape
-    if q_mask is None:
-        cu_q = torch.arange(num_queries + 1, device=Q.device, dtype=torch.int64) * query_len
-        return Q.reshape(num_queries * query_len, dim), cu_q, query_len, single_query
-    if q_mask.dtype != torch.bool:
-        if q_mask.is_complex() or not (q_mask.is_floating_point() or q_mask.dtype in
-                                       (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
-            raise TypeError(f"maxsim: q_mask must be bool or 0/1 integers or floats, got {q_mask.dtype}")
-        if bool(((q_mask != 0) & (q_mask != 1)).any()):
-            raise ValueError("maxsim: q_mask must hold only 0 and 1 (or be bool)")
-    packed, cu_q, max_q = _maxsim.padded_to_packed(Q, q_mask.to(Q.device) != 0)
+        single_query = False
+    else:
+        check_query(Q, dim, "values")
+        q_mask = check_q_mask(q_mask, Q)
+        single_query = Q.dim() == 2
+    packed, cu_q, _, max_q = packed_queries(Q, q_mask)
     return packed, cu_q, max_q, single_query
 
 

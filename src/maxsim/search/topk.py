@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import maxsim
+from maxsim import _checks
 
 # Index values fit in the low 32 bits of a key; 2**32 - 1 is reserved (it is the sentinel's).
 MAX_DOCUMENTS = 2**32 - 1
@@ -164,18 +165,8 @@ def _as_tensor(name: str, x):
 
 
 def _bool_mask(name: str, mask, shape, device) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    mask = _as_tensor(name, mask)
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"maxsim: {name} must have shape {list(shape)}; got {list(mask.shape)}")
-    if mask.device != device:
-        raise ValueError(f"maxsim: {name} is on {mask.device} but the embeddings are on {device}")
-    if mask.dtype != torch.bool:
-        if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError(f"maxsim: {name} must be bool or hold only 0 and 1")
-        mask = mask != 0
-    return mask
+    """A mask given as a tensor or numpy array -> bool (``maxsim._checks.as_bool_mask``'s rules)."""
+    return None if mask is None else _checks.as_bool_mask(name, _as_tensor(name, mask), tuple(shape), device)
 
 
 def packed_queries(Q, q_mask=None, cu_seqlens_q=None):

@@ -11,6 +11,7 @@ import torch
 import triton
 
 from maxsim._capability import Call, KernelSpec
+from maxsim._checks import check_choice
 from maxsim._dispatch import cuda_index, interpreting
 from maxsim.tuning import gpu_family
 from maxsim.tuning import tables as T
@@ -85,8 +86,7 @@ _PRECISION_WORDS = {
 def precision_choice(dtype: torch.dtype, precision: str, family: str) -> tuple[str, str]:
     """(Triton ``input_precision`` for the forward's dot, why) for inputs of ``dtype``, a call's
     ``precision=`` and the device family. 16-bit inputs' products are exact in fp32 whatever it says."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"maxsim: precision must be one of {', '.join(map(repr, PRECISIONS))}; got {precision!r}")
+    check_choice("precision", precision, PRECISIONS)
     if dtype != torch.float32:
         return "tf32", "16-bit inputs: every product is exact in fp32 (precision= applies to fp32 inputs)"
     if precision == "auto":
