@@ -140,3 +140,22 @@ def test_group_by_row_is_a_stable_csr_inverse():
     for r in (0, 5, n_rows - 1):
         ids = order[rowptr[r]:rowptr[r + 1]]
         assert torch.equal(ids, (dest == r).nonzero().flatten())  # every entry, ascending ids
+
+
+def test_one_kernels_surprise_leaves_the_others_on_the_thin_path(monkeypatch):
+    # A kernel whose constexprs come out of signature order takes Triton's ordinary path from then
+    # on, with the reason kept; every other kernel keeps its direct launch.
+    _thin_path(monkeypatch)
+    monkeypatch.setattr(_launch, "ORDINARY_PATH_ONLY", {})
+
+    class TwoConstexprs(FakeKernel):
+        arg_names = ["x", "n", "BLOCK", "EVEN"]
+
+    odd, plain = TwoConstexprs(), FakeKernel()
+    x = torch.zeros(64)
+    for _ in range(3):
+        _launch.launch(odd, (5,), (x, 7), {"EVEN": True, "BLOCK": 32}, num_warps=4, num_stages=2)
+        _launch.launch(plain, (5,), (x, 7), {"BLOCK": 32}, num_warps=4, num_stages=2)
+    assert [e[0] for e in odd.log] == ["jit", "jit", "jit"]
+    assert "EVEN" in _launch.ORDINARY_PATH_ONLY[odd] and plain not in _launch.ORDINARY_PATH_ONLY
+    assert [e[0] for e in plain.log] == ["jit", "fast", "fast"]

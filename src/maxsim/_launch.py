@@ -30,6 +30,9 @@ _COMPILED: dict = {}
 # Keyed by the kernel itself, not its id(): a kernel that was collected could pass its id on.
 _SPECIALIZED: dict = {}  # kernel -> _value_specialized(kernel)
 _FAST_PATH = {"enabled": True}
+# Kernels whose direct launch failed, each with the reason: they take Triton's ordinary path from
+# then on. Per kernel, so one kernel's surprise never slows every other kernel's calls.
+ORDINARY_PATH_ONLY: dict = {}
 _I32 = 2**31
 
 
@@ -121,7 +124,9 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
     kwargs = {**constexprs, "num_warps": num_warps, **options}
     if num_stages is not None:
         kwargs["num_stages"] = num_stages
-    flags = None if interpreting() or not _FAST_PATH["enabled"] else _value_specialized(kernel)
+    flags = None
+    if not interpreting() and _FAST_PATH["enabled"] and kernel not in ORDINARY_PATH_ONLY:
+        flags = _value_specialized(kernel)
     if flags is None:
         kernel[grid](*args, **kwargs)
         return None
@@ -133,15 +138,16 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
         compiled = kernel[grid](*args, **kwargs)
         names = list(getattr(kernel, "arg_names", []))
         if names != names[: len(args)] + list(constexprs) or not hasattr(compiled, "__getitem__"):
-            _FAST_PATH["enabled"] = False  # an unexpected Triton: keep the ordinary path
+            # constexprs out of signature order, or an unexpected Triton: keep the ordinary path
+            ORDINARY_PATH_ONLY[kernel] = f"arguments {names[len(args):]} != constexprs {list(constexprs)}"
             return None
         _COMPILED[key] = compiled
         return None  # a Replay only once the direct launch has run (below)
     replay = Replay(compiled, grid3, tuple(constexprs.values()), device)
     try:
         replay(args)
-    except (TypeError, AttributeError, IndexError):  # Triton's launcher API differs: fall back for good
-        _FAST_PATH["enabled"] = False
+    except (TypeError, AttributeError, IndexError) as error:  # Triton's launcher API differs: fall back
+        ORDINARY_PATH_ONLY[kernel] = f"{type(error).__name__}: {error}"
         kernel[grid](*args, **kwargs)
         return None
     return replay
