@@ -211,7 +211,7 @@ def test_gradients_per_point_and_max(backend, point_reduction):
     x, y, xl, yl = clouds(2, 21, 30, 3)
     xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
     loss, _ = chamfer_distance(xs, ys, xl, yl, point_reduction=point_reduction, batch_reduction=None)
-    total = (loss[0].sum() * 2 + (loss[1] ** 2).sum()) if point_reduction is None else (loss * torch.arange(1.0, 3.0)).sum()
+    total = (loss[0].sum() * 2 + (loss[1] ** 2).sum()) if point_reduction is None else (loss * torch.arange(1.0, 3.0, device=loss.device)).sum()
     total.backward()
     x64, y64 = x.double().cpu().requires_grad_(), y.double().cpu().requires_grad_()
     ref, _ = loss64(x64, y64, xl, yl, point_reduction=point_reduction, batch_reduction=None)

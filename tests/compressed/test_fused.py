@@ -300,7 +300,10 @@ def test_gpu_one_query_100k_documents(nbits):
     (maxsim_residual_varlen(Qg, codes, residuals, cu, codec, decode_dtype=torch.float16) * weights).sum().backward()
     Qr = Q.float().requires_grad_(True)
     (maxsim.maxsim_varlen(Qr[0].half(), decoded, q_cu, cu, max_seqlen_q=32) * weights).sum().backward()
-    torch.testing.assert_close(Qg.grad, Qr.grad, atol=5e-2, rtol=1e-2)
+    # Scores agree to fp16 rounding, not bitwise: a near-tie may pick another winner in a few of
+    # the 100K documents, moving a few entries of a gradient summed over all of them. A wrong
+    # gradient (wrong token, lost document) is off by O(1) in norm (relative to the whole gradient).
+    assert float((Qg.grad - Qr.grad).norm() / Qr.grad.norm()) < 1e-2
 
 
 @pytest.mark.gpu

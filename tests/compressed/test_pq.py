@@ -500,4 +500,6 @@ def test_gpu_train_encode_and_score_real_shapes():
     maxsim_pq_varlen(Q, codes, cu, pq).sum().backward()
     Q_ref = Q.detach().clone().requires_grad_(True)
     maxsim.maxsim(Q_ref, D, None, d_mask).sum().backward()
-    torch.testing.assert_close(Q.grad, Q_ref.grad, atol=1e-3, rtol=1e-3)
+    # fp16 queries against fp32 decoded tokens: near-ties may pick another winner in a few of the
+    # 20K documents; a wrong gradient is off by O(1) in norm (relative to the whole gradient).
+    assert float((Q.grad - Q_ref.grad).norm() / Q_ref.grad.norm()) < 1e-2

@@ -18,6 +18,8 @@ runs on CPU and CUDA tensors alike with ordinary torch ops, a bounded chunk of d
 
 from __future__ import annotations
 
+import math
+
 import os
 import secrets
 import zipfile
@@ -268,8 +270,8 @@ def _kmeans_plus_plus(points, generator):
     nearest = squared_distance(centers[:, 0])  # [m, n] squared distance to the nearest center so far
     uniforms = torch.rand(m, NUM_CENTROIDS, generator=generator, dtype=torch.float64).to(device)
     for c in range(1, NUM_CENTROIDS):
-        cumulative = nearest.double().cumsum(-1)  # [m, n]
-        target = (uniforms[:, c] * cumulative[:, -1]).unsqueeze(-1)  # [m, 1]
+        cumulative = _fixed_point(nearest, n).cumsum(-1)  # [m, n] int64: exact, the same in any order
+        target = (uniforms[:, c] * cumulative[:, -1].double()).to(torch.int64).unsqueeze(-1)  # [m, 1]
         # first point whose cumulative mass exceeds the target: never one at distance 0 unless all are
         pick = torch.searchsorted(cumulative, target, right=True).squeeze(-1).clamp_max(n - 1)  # [m]
         centers[:, c] = points[subspace, pick]
@@ -338,25 +340,19 @@ def _update(points, centers, assignment, distance) -> bool:
     """Move each center (in place) to the mean of its points; re-seed empty clusters with the
     points farthest from their centers. Returns whether any cluster was re-seeded.
 
-    The sums come from a stable sort by cluster and a float64 running sum, differenced at the
-    cluster boundaries: O(n·d), and the same on every run (no floating-point atomics).
+    The sums are integer sums of the points in fixed point (:func:`_fixed_point`): exact, so the
+    same on every run and every device whatever order the adds take (floating-point atomics and
+    a GPU's parallel scans are not).
     """
     m, n, sub_dim = points.shape
     device = points.device
-    order = torch.sort(assignment, dim=-1, stable=True).indices  # [m, n]
-    grouped = points.gather(1, order.unsqueeze(-1).expand(m, n, sub_dim)).double()  # [m, n, s]
-    running = torch.cat([grouped.new_zeros(m, 1, sub_dim), grouped.cumsum(1)], dim=1)  # [m, n + 1, s]
+    fixed, scale = _fixed_point(points, n, signed=True, return_scale=True)  # [m, n, s] int64
+    sums = torch.zeros(m, NUM_CENTROIDS, sub_dim, dtype=torch.int64, device=device)
+    sums.scatter_add_(1, assignment.unsqueeze(-1).expand(m, n, sub_dim), fixed)  # [m, 256, s]
     counts = torch.zeros(m, NUM_CENTROIDS, dtype=torch.int64, device=device)
-    counts.scatter_add_(1, assignment, torch.ones_like(assignment))  # integer adds: exact in any order
-    ends = counts.cumsum(-1)  # [m, 256]
-    starts = ends - counts
-
-    def at(index):
-        return running.gather(1, index.unsqueeze(-1).expand(m, NUM_CENTROIDS, sub_dim))
-
-    sums = at(ends) - at(starts)  # [m, 256, s]
+    counts.scatter_add_(1, assignment, torch.ones_like(assignment))
     filled = counts > 0  # [m, 256]
-    means = (sums / counts.clamp_min(1).unsqueeze(-1)).to(torch.float32)
+    means = (sums.double() / scale / counts.clamp_min(1).unsqueeze(-1)).to(torch.float32)
     centers.copy_(torch.where(filled.unsqueeze(-1), means, centers))
     empty_per_subspace = (~filled).sum(-1).tolist()  # [m]
     if not any(empty_per_subspace):
@@ -367,6 +363,19 @@ def _update(points, centers, assignment, distance) -> bool:
             empty = torch.nonzero(~filled[j]).squeeze(-1)[: farthest.numel()]
             centers[j, empty] = points[j, farthest[: empty.numel()]]
     return True
+
+
+def _fixed_point(values, count, *, signed=False, return_scale=False):
+    """values (fp32, finite) as int64 multiples of a power of two ``1 / scale``, scaled so that
+    any sum of ``count`` of them fits in 62 bits: integer sums are exact in any order, where a
+    GPU's floating-point atomics and scans are not. At most 52 fraction bits below the largest
+    value's exponent (float64's own precision), about 2^-(45 - log2 count) relative for 65K
+    values. Returns the int64 tensor (and the float64 scale)."""
+    largest = values.abs().amax().double().clamp_min(2.0**-100)
+    bits = min(52, 62 - math.ceil(math.log2(max(count, 2))) - (1 if signed else 0))
+    scale = torch.exp2(bits - torch.ceil(torch.log2(largest)))  # float64 scalar tensor: |value| * scale <= 2^bits
+    fixed = torch.round(values.double() * scale).to(torch.int64)
+    return (fixed, scale) if return_scale else fixed
 
 
 def _decode(codebooks, codes):
