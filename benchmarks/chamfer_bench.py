@@ -9,16 +9,23 @@ backward; median milliseconds (triton.testing.do_bench) and peak memory, as a ta
 flash_chamfer takes one pair of clouds [N, d], [M, d] (no batch): a batch runs as a loop over it.
 It casts fp32 inputs to fp16 for its dot, so its fp32 numbers are not exact; the table's ``err``
 column is each provider's relative error of the loss against a float64 value.
+
+Each (provider, pass) cell, and the float64 value, runs in a fresh process (benchmarks/_isolate.py)
+that builds the clouds from a fixed seed: a provider that crashes the CUDA context is a
+``crashed`` row. ``--sweep`` times maxsim's own kernel only and runs in this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 
 import torch
+from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
 
 DEFAULT_SHAPES = ("8x16384x16384x3", "1x100000x100000x3")
+SEED = 0
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -56,9 +63,8 @@ def float64_loss(x, y) -> float:
     return total / x.shape[0]
 
 
-def fits(B, N, M, factor=3) -> bool:
-    """Whether the naive path's [B, N, M] fp32 matrices fit in the free memory."""
-    free, _ = torch.cuda.mem_get_info()
+def fits(B, N, M, free, factor=3) -> bool:
+    """Whether the naive path's [B, N, M] fp32 matrices fit in ``free`` bytes of GPU memory."""
     return B * N * M * 4 * factor < 0.8 * free
 
 
@@ -86,42 +92,72 @@ def measure(fn, train: bool, x, y):
     return ms, peak, float(loss.detach())
 
 
-def providers(B, N, M):
-    out = [("maxsim", lambda x, y: maxsim_loss(x, y)),
-           ("maxsim deterministic", lambda x, y: maxsim_loss(x, y, deterministic=True))]
-    if fits(B, N, M):
-        out.append(("torch.cdist + min", cdist_loss))
-    try:
-        import flash_maxsim  # noqa: F401
-
-        out.append(("flash_chamfer", None))
-    except ImportError:
-        pass
+def providers(B, N, M, free):
+    """(name, the module it needs or None): the naive path only where it fits (unknown ``free``:
+    try it, an OOM is a row)."""
+    out = [("maxsim", None), ("maxsim deterministic", None)]
+    if free is None or fits(B, N, M, free):
+        out.append(("torch.cdist + min", None))
+    out.append(("flash_chamfer", "flash_maxsim"))
     return out
 
 
-def run(shapes, dtype):
+def provider_fn(name, train: bool):
+    return {
+        "maxsim": lambda x, y: maxsim_loss(x, y),
+        "maxsim deterministic": lambda x, y: maxsim_loss(x, y, deterministic=True),
+        "torch.cdist + min": cdist_loss,
+        "flash_chamfer": lambda x, y: flash_loss(x, y, train),
+    }[name]
+
+
+def clouds(text: str, dtype_name: str):
+    """The two point clouds of a shape, the same in every process (fixed seed)."""
+    B, N, M, D = parse_shape(text)
+    torch.manual_seed(SEED)
+    dtype = getattr(torch, dtype_name)
+    x = torch.rand(B, N, D, device="cuda").to(dtype)
+    y = torch.rand(B, M, D, device="cuda").to(dtype)
+    return x, y
+
+
+def exact_cell(text: str, dtype_name: str) -> dict:
+    """The float64 loss of a shape, and the GPU memory left free around its clouds."""
+    x, y = clouds(text, dtype_name)
+    exact = float64_loss(x, y)
+    torch.cuda.empty_cache()  # the float64 scratch is not the providers'
+    return {"exact": exact, "free": torch.cuda.mem_get_info()[0]}
+
+
+def measure_cell(text: str, dtype_name: str, name: str, train: bool) -> dict:
+    """One provider, one pass, in its own process."""
+    ms, peak, loss = measure(provider_fn(name, train), train, *clouds(text, dtype_name))
+    return {"ms": ms, "peak": peak, "loss": loss}
+
+
+def run(shapes, dtype, timeout_s=DEFAULT_TIMEOUT_S):
     rows = []
+    dtype_name = str(dtype).replace("torch.", "")
     for text in shapes:
         B, N, M, D = parse_shape(text)
-        torch.manual_seed(0)
-        x = torch.rand(B, N, D, device="cuda").to(dtype)
-        y = torch.rand(B, M, D, device="cuda").to(dtype)
-        exact = float64_loss(x, y)
-        for (name, fn), train in itertools.product(providers(B, N, M), (False, True)):
+        reference = run_isolated(exact_cell, text, dtype_name, timeout_s=timeout_s)
+        if reference["status"] != "ok":
+            print(f"{text}: the float64 loss {failed(reference)}; err left out")
+        exact, free = reference.get("exact"), reference.get("free")
+        for (name, module), train in itertools.product(providers(B, N, M, free), (False, True)):
             if name == "maxsim deterministic" and not train:
                 continue
-            if name == "flash_chamfer":
-                fn = (lambda a, b, t=train: flash_loss(a, b, t))  # noqa: E731
-            try:
-                ms, peak, loss = measure(fn, train, x, y)
-                err = abs(loss - exact) / abs(exact)
-                rows.append((text, str(dtype).replace("torch.", ""), name, "fwd+bwd" if train else "fwd",
-                             f"{ms:.3f}", f"{peak:.0f}", f"{err:.1e}"))
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                rows.append((text, str(dtype).replace("torch.", ""), name, "fwd+bwd" if train else "fwd", "OOM", "-", "-"))
-    print_table(("shape BxNxMxD", "dtype", "provider", "pass", "median ms", "peak MiB", "err"), rows)
+            passes = "fwd+bwd" if train else "fwd"
+            if module is not None and importlib.util.find_spec(module) is None:
+                rows.append((text, dtype_name, name, passes, "not installed", "-", "-", module))
+                continue
+            result = run_isolated(measure_cell, text, dtype_name, name, train, timeout_s=timeout_s)
+            if result["status"] != "ok":
+                rows.append((text, dtype_name, name, passes, result["status"], "-", "-", failed(result)))
+                continue
+            err = "-" if exact is None else f"{abs(result['loss'] - exact) / abs(exact):.1e}"
+            rows.append((text, dtype_name, name, passes, f"{result['ms']:.3f}", f"{result['peak']:.0f}", err, ""))
+    print_table(("shape BxNxMxD", "dtype", "provider", "pass", "median ms", "peak MiB", "err", "note"), rows)
 
 
 def sweep(shapes, dtype):
@@ -153,7 +189,7 @@ def sweep(shapes, dtype):
 def print_table(header, rows):
     widths = [max(len(str(v)) for v in col) for col in zip(header, *rows)]
     for line in (header, ["-" * w for w in widths], *rows):
-        print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)))
+        print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
 
 
 def main():
@@ -161,11 +197,16 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="BxNxMxD")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--sweep", action="store_true", help="time the forward kernel's tiles instead")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds one cell may take before its process is killed (a 'timeout' row)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("chamfer_bench: needs a CUDA GPU")
     dtype = getattr(torch, args.dtype)
-    (sweep if args.sweep else run)(args.shapes, dtype)
+    if args.sweep:
+        sweep(args.shapes, dtype)
+    else:
+        run(args.shapes, dtype, args.timeout)
 
 
 if __name__ == "__main__":

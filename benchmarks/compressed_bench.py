@@ -11,15 +11,21 @@ residual byte is a real encoding) with lengths uniform in ``[--min-len, --max-le
 32 unit tokens, fp16. Times are medians of ``triton.testing.do_bench`` (the corpus is far larger
 than L2). The floor is the bytes each call must read from HBM over ``--hbm-tbs``: codes + residuals
 + the query (+ cu_seqlens) for the fused kernel, the decoded fp16 tokens for maxsim_varlen.
+
+The fused kernel and maxsim_varlen each run in a fresh process (benchmarks/_isolate.py) that
+builds the case from a fixed seed, so a crash is a ``crashed`` cell; their scores meet in files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
+from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
 
 import maxsim
 from maxsim.compressed import ResidualCodec, maxsim_residual_varlen
@@ -27,6 +33,7 @@ from maxsim.selection.compressed import explain_residual
 
 DIM = 128
 QUERY_LEN = 32
+SEED = 0
 
 
 def make_codec(nbits: int, num_centroids: int, device) -> ResidualCodec:
@@ -75,32 +82,94 @@ def time_fp16(q, decoded, cu, max_len):
     return median_ms(fp16), fp16()
 
 
-def run_case(nbits: int, num_docs: int, args, device) -> dict:
-    codec = make_codec(nbits, args.centroids, device)
-    codes, residuals, cu, max_len = make_corpus(codec, num_docs, args.min_len, args.max_len, args.pool, device)
+def case_inputs(nbits: int, num_docs: int, options: dict):
+    """(codec, codes, residuals, cu_seqlens, max length, Q [1, Lq, d] fp16, bytes of the compressed
+    call) of one case: the same in every process that builds it (fixed seed)."""
+    torch.manual_seed(SEED)
+    device = torch.device("cuda")
+    codec = make_codec(nbits, options["centroids"], device)
+    codes, residuals, cu, max_len = make_corpus(codec, num_docs, options["min_len"], options["max_len"],
+                                                options["pool"], device)
     Q = torch.nn.functional.normalize(torch.randn(1, QUERY_LEN, DIM, device=device), dim=-1).half()
-    tokens = codes.shape[0]
-    hbm = args.hbm_tbs * 1e12
     compressed_bytes = (codes.numel() * codes.element_size() + residuals.numel() + Q.numel() * Q.element_size()
                         + cu.numel() * cu.element_size())
+    return codec, codes, residuals, cu, max_len, Q, compressed_bytes
 
-    row = dict(nbits=nbits, docs=num_docs, tokens=tokens, compressed_MB=compressed_bytes / 2**20)
-    row["fused_ms"], row["fused_raw_ms"], got = time_fused(Q, codes, residuals, cu, codec, max_len)
+
+def fused_cell(nbits: int, num_docs: int, options: dict, scores_path: str) -> dict:
+    """The fused kernel on one case, in its own process; its scores go to ``scores_path``."""
+    codec, codes, residuals, cu, max_len, Q, compressed_bytes = case_inputs(nbits, num_docs, options)
+    fused_ms, raw_ms, scores = time_fused(Q, codes, residuals, cu, codec, max_len)
+    torch.save(scores.float().cpu(), scores_path)
+    return dict(tokens=codes.shape[0], compressed_bytes=compressed_bytes, fused_ms=fused_ms, fused_raw_ms=raw_ms)
+
+
+def fp16_cell(nbits: int, num_docs: int, options: dict, scores_path: str) -> dict:
+    """maxsim_varlen on the decoded corpus of one case, in its own process; scores to ``scores_path``."""
+    codec, codes, residuals, cu, max_len, Q, compressed_bytes = case_inputs(nbits, num_docs, options)
+    tokens = codes.shape[0]
     decoded = codec.decode(codes, residuals, normalize=True, dtype=torch.float16)  # [T, d], untimed
     del codes, residuals
     fp16_bytes = decoded.numel() * 2 + Q.numel() * 2 + cu.numel() * 8
-    row["fp16_ms"], expected = time_fp16(Q[0], decoded, cu, max_len)
-    row["max_abs_diff"] = float((got - expected).abs().max())
-    del decoded
-    torch.cuda.empty_cache()
+    fp16_ms, scores = time_fp16(Q[0], decoded, cu, max_len)
+    torch.save(scores.float().cpu(), scores_path)
+    return dict(tokens=tokens, compressed_bytes=compressed_bytes, fp16_bytes=fp16_bytes, fp16_ms=fp16_ms)
 
-    row["fused_docs_per_s"] = num_docs / (row["fused_ms"] * 1e-3)
-    row["fused_pct_floor"] = 100 * (compressed_bytes / hbm) / (row["fused_ms"] * 1e-3)
-    row["fused_raw_pct_floor"] = 100 * (compressed_bytes / hbm) / (row["fused_raw_ms"] * 1e-3)
-    row["fp16_docs_per_s"] = num_docs / (row["fp16_ms"] * 1e-3)
-    row["fp16_pct_own_floor"] = 100 * (fp16_bytes / hbm) / (row["fp16_ms"] * 1e-3)
-    row["speedup_vs_fp16"] = row["fp16_ms"] / row["fused_ms"]
+
+def run_case(nbits: int, num_docs: int, args) -> dict:
+    """One row: each side in its own process; a side that failed leaves its columns None and says
+    why in ``note``."""
+    options = vars(args)
+    hbm = args.hbm_tbs * 1e12
+    with tempfile.TemporaryDirectory(prefix="maxsim-compressed-") as tmp:
+        paths = {side: str(Path(tmp) / f"{side}.pt") for side in ("fused", "fp16")}
+        fused = run_isolated(fused_cell, nbits, num_docs, options, paths["fused"], timeout_s=args.timeout)
+        fp16 = run_isolated(fp16_cell, nbits, num_docs, options, paths["fp16"], timeout_s=args.timeout)
+        max_abs_diff = None
+        if fused["status"] == fp16["status"] == "ok":
+            max_abs_diff = float((torch.load(paths["fused"]) - torch.load(paths["fp16"])).abs().max())
+    sizes = fused if fused["status"] == "ok" else fp16
+    row = dict(nbits=nbits, docs=num_docs, tokens=sizes.get("tokens"), fused_status=fused["status"],
+               fp16_status=fp16["status"], max_abs_diff=max_abs_diff,
+               note="; ".join(f"{side} {failed(r)}" for side, r in (("fused", fused), ("fp16", fp16)) if failed(r)))
+    compressed_bytes = sizes.get("compressed_bytes")
+    row["compressed_MB"] = None if compressed_bytes is None else compressed_bytes / 2**20
+    row["fused_ms"], row["fused_raw_ms"] = fused.get("fused_ms"), fused.get("fused_raw_ms")
+    row["fp16_ms"] = fp16.get("fp16_ms")
+    row.update(dict.fromkeys(("fused_docs_per_s", "fused_pct_floor", "fused_raw_pct_floor", "fp16_docs_per_s",
+                              "fp16_pct_own_floor", "speedup_vs_fp16")))
+    if row["fused_ms"] is not None:
+        row["fused_docs_per_s"] = num_docs / (row["fused_ms"] * 1e-3)
+        row["fused_pct_floor"] = 100 * (compressed_bytes / hbm) / (row["fused_ms"] * 1e-3)
+        row["fused_raw_pct_floor"] = 100 * (compressed_bytes / hbm) / (row["fused_raw_ms"] * 1e-3)
+    if row["fp16_ms"] is not None:
+        row["fp16_docs_per_s"] = num_docs / (row["fp16_ms"] * 1e-3)
+        row["fp16_pct_own_floor"] = 100 * (fp16["fp16_bytes"] / hbm) / (row["fp16_ms"] * 1e-3)
+    if row["fused_ms"] is not None and row["fp16_ms"] is not None:
+        row["speedup_vs_fp16"] = row["fp16_ms"] / row["fused_ms"]
     return row
+
+
+def _cell(row: dict, key: str, spec: str, status_key: str | None = None, suffix: str = "") -> str:
+    """``row[key]`` formatted by ``spec`` (then ``suffix``); where it is missing, the side's
+    status (in its time cell, given ``status_key``) or "-"."""
+    value = row.get(key)
+    if value is not None:
+        return format(value, spec) + suffix
+    return row[status_key] if status_key else "-"
+
+
+def format_row(r: dict) -> str:
+    """One line of the table; a side that failed shows its status in its ms column."""
+    line = (f"{r['nbits']:>5} {r['docs']:>9} {_cell(r, 'tokens', 'd'):>11} "
+            f"{_cell(r, 'compressed_MB', '.0f'):>8} | "
+            f"{_cell(r, 'fused_ms', '.3f', 'fused_status'):>9} {_cell(r, 'fused_docs_per_s', '.3g'):>9} "
+            f"{_cell(r, 'fused_pct_floor', '.1f', suffix='%'):>7} "
+            f"{_cell(r, 'fused_raw_pct_floor', '.1f', suffix='%'):>7} | "
+            f"{_cell(r, 'fp16_ms', '.3f', 'fp16_status'):>8} {_cell(r, 'fp16_docs_per_s', '.3g'):>9} "
+            f"{_cell(r, 'fp16_pct_own_floor', '.1f', suffix='%'):>8} | {_cell(r, 'speedup_vs_fp16', '.2f'):>6} "
+            f"{_cell(r, 'max_abs_diff', '.2e'):>9}")
+    return line + (f" | {r['note']}" if r["note"] else "")
 
 
 def main() -> None:
@@ -113,6 +182,8 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=1 << 20, help="encoded tokens the documents draw from")
     ap.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth for the floor (H200: 4.8 TB/s)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                    help="seconds one side of one case may take before its process is killed")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("compressed_bench needs a CUDA GPU")
@@ -122,18 +193,15 @@ def main() -> None:
     print(explain_residual(torch.randn(1, QUERY_LEN, DIM, device=device).half(), codec, num_docs=1))
     rows = []
     header = (f"{'nbits':>5} {'docs':>9} {'tokens':>11} {'MB':>8} | {'fused ms':>9} {'docs/s':>9} {'% floor':>7} "
-              f"{'raw %fl':>7} | {'fp16 ms':>8} {'docs/s':>9} {'% own fl':>8} | {'x fp16':>6} {'max|diff|':>9}")
+              f"{'raw %fl':>7} | {'fp16 ms':>8} {'docs/s':>9} {'% own fl':>8} | {'x fp16':>6} {'max|diff|':>9}"
+              " | note")
     print(header)
     print("-" * len(header))
     for nbits in (int(x) for x in args.nbits.split(",")):
         for num_docs in (int(x) for x in args.docs.split(",")):
-            r = run_case(nbits, num_docs, args, device)
+            r = run_case(nbits, num_docs, args)
             rows.append(r)
-            print(f"{r['nbits']:>5} {r['docs']:>9} {r['tokens']:>11} {r['compressed_MB']:>8.0f} | "
-                  f"{r['fused_ms']:>9.3f} {r['fused_docs_per_s']:>9.3g} {r['fused_pct_floor']:>6.1f}% "
-                  f"{r['fused_raw_pct_floor']:>6.1f}% | {r['fp16_ms']:>8.3f} {r['fp16_docs_per_s']:>9.3g} "
-                  f"{r['fp16_pct_own_floor']:>7.1f}% | {r['speedup_vs_fp16']:>6.2f} {r['max_abs_diff']:>9.2e}",
-                  flush=True)
+            print(format_row(r), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(args=vars(args), gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)

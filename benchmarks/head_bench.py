@@ -5,20 +5,25 @@ installed (``pip install late-interaction-kernels==0.4.5``). Forward and trainin
 
     python benchmarks/head_bench.py                       # the bar's shapes
     python benchmarks/head_bench.py --shapes 1x10k --mode forward --out results/head.json
+
+Each (shape, mode, provider) cell runs in a fresh process (benchmarks/_isolate.py) that builds
+its inputs from a fixed seed: a provider that crashes the CUDA context is a ``crashed`` row.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 
 import torch
 import torch.nn.functional as F
 import triton
+from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
 
 import maxsim
-from maxsim.head import explain_from_hidden, maxsim_from_hidden
+from maxsim.head import maxsim_from_hidden
 
 # name: (Nq, Lq, Nd, Ld, d, d_model)
 SHAPES = {
@@ -27,10 +32,19 @@ SHAPES = {
     "8x10k": (8, 32, 10_000, 300, 128, 768),
     "16x1k": (16, 32, 1_000, 300, 128, 768),
 }
+SEED = 0
+# provider: the module it needs (None: maxsim's own); one that is not importable is a row saying so.
+PROVIDERS = {
+    "maxsim fused": None,
+    "maxsim auto": None,
+    "unfused (F.linear+F.normalize+maxsim)": None,
+    "late-interaction-kernels fused_head": "late_interaction_kernels",
+}
 
 
 def inputs(shape, dtype):
     Nq, Lq, Nd, Ld, d, dm = shape
+    torch.manual_seed(SEED)
     Q = F.normalize(torch.randn(Nq, Lq, d, device="cuda"), dim=-1).to(dtype)
     H = torch.randn(Nd, Ld, dm, device="cuda", dtype=dtype)
     W = (torch.randn(d, dm, device="cuda") / dm**0.5).to(dtype)
@@ -51,16 +65,14 @@ def unfused(Q, H, W, b, d_mask):
     return maxsim.maxsim(Q, F.normalize(F.linear(H, W, b), dim=-1), d_mask=d_mask)
 
 
-def providers():
-    out = {"maxsim fused": with_path("fused"), "maxsim auto": with_path("auto"),
-           "unfused (F.linear+F.normalize+maxsim)": unfused}
-    try:
+def provider_fn(name):
+    """The call a provider makes (imported here, in the measuring process)."""
+    if name == "late-interaction-kernels fused_head":
         from late_interaction_kernels.fused_head import maxsim_from_hidden as lik_head
 
-        out["late-interaction-kernels fused_head"] = lambda Q, H, W, b, d_mask: lik_head(Q, H, W, b, d_mask=d_mask)
-    except ImportError:
-        pass
-    return out
+        return lambda Q, H, W, b, d_mask: lik_head(Q, H, W, b, d_mask=d_mask)
+    return {"maxsim fused": with_path("fused"), "maxsim auto": with_path("auto"),
+            "unfused (F.linear+F.normalize+maxsim)": unfused}[name]
 
 
 def step_fn(fn, tensors, mode):
@@ -96,34 +108,48 @@ def measure(run):
     return ms, peak / 2**20
 
 
+def measure_cell(shape_name, dtype_name, mode, provider):
+    """One cell, in its own process: median ms and peak MiB, and for "maxsim auto" the kernel
+    maxsim's selection picks for the forward."""
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
+    tensors = inputs(SHAPES[shape_name], dtype)
+    out = {}
+    if provider == "maxsim auto":
+        os.environ["MAXSIM_HEAD_PATH"] = "auto"
+        out["kernel"] = maxsim.explain_from_hidden(*tensors[:4], d_mask=tensors[4]).forward.kernel.name
+    out["ms"], out["peak_mib"] = measure(step_fn(provider_fn(provider), tensors, mode))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="1x10k,inbatch64", help=f"comma-separated of {', '.join(SHAPES)}")
     parser.add_argument("--mode", default="both", choices=["forward", "train", "both"])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds one cell may take before its process is killed (a 'timeout' row)")
     args = parser.parse_args()
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     modes = ["forward", "train"] if args.mode == "both" else [args.mode]
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}")
-    print("| shape | mode | provider | median ms | peak MiB above inputs |\n| --- | --- | --- | ---: | ---: |")
+    print("| shape | mode | provider | median ms | peak MiB above inputs | note |\n"
+          "| --- | --- | --- | ---: | ---: | --- |")
     for name in args.shapes.split(","):
-        tensors = inputs(SHAPES[name], dtype)
-        os.environ["MAXSIM_HEAD_PATH"] = "auto"
-        plan = explain_from_hidden(*tensors[:4], d_mask=tensors[4]).forward
+        dims = SHAPES[name]
         for mode in modes:
-            for provider, fn in providers().items():
-                try:
-                    ms, mib = measure(step_fn(fn, tensors, mode))
-                except torch.cuda.OutOfMemoryError:
-                    ms, mib = float("nan"), float("nan")
-                torch.cuda.empty_cache()
-                label = provider + (f" [{plan.kernel.name}]" if provider == "maxsim auto" else "")
-                rows.append(dict(shape=name, dims=SHAPES[name], mode=mode, provider=label, ms=ms, peak_mib=mib))
-                print(f"| {name} {SHAPES[name]} | {mode} | {label} | {ms:.3f} | {mib:.0f} |", flush=True)
-        del tensors
-    os.environ.pop("MAXSIM_HEAD_PATH", None)
+            for provider, module in PROVIDERS.items():
+                if module is not None and importlib.util.find_spec(module) is None:
+                    result = {"status": "not installed", "error": module}
+                else:
+                    result = run_isolated(measure_cell, name, args.dtype, mode, provider, timeout_s=args.timeout)
+                ok = result["status"] == "ok"
+                ms, mib = (result["ms"], result["peak_mib"]) if ok else (float("nan"), float("nan"))
+                label = provider + (f" [{result['kernel']}]" if "kernel" in result else "")
+                rows.append(dict(shape=name, dims=dims, mode=mode, provider=label, status=result["status"], ms=ms,
+                                 peak_mib=mib, note=failed(result)))
+                shown = f"{ms:.3f} | {mib:.0f}" if ok else f"{result['status']} | -"
+                print(f"| {name} {dims} | {mode} | {label} | {shown} | {failed(result)} |", flush=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

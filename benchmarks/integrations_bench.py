@@ -11,15 +11,24 @@ Rows:
   colpali's torch path, its ``lik`` backend when importable, maxsim through ``patch()``.
 
 Median ms from ``triton.testing.do_bench`` and the peak memory of one call above its inputs.
+
+Each backend runs in a fresh process (benchmarks/_isolate.py) that builds its inputs from a fixed
+seed: a backend that crashes the CUDA context is a ``crashed`` row. The results meet in files, for
+the relative error against the library's torch path.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
+from pathlib import Path
 
 import torch
 import triton.testing
+from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
+
+SEED = 0
 
 
 def _peak_mb(fn) -> float:
@@ -31,19 +40,28 @@ def _peak_mb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def _row(rows, name, fn, reference=None):
-    try:
-        result = fn()  # also the warm-up (compilation)
-        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-        peak = _peak_mb(fn)
-    except Exception as error:  # a backend that cannot run these shapes: say so, keep going
-        rows.append((name, f"failed: {type(error).__name__}: {error}"[:90], "", ""))
-        return None
+def _measure(fn, result_path: str) -> dict:
+    """ms and peak MB of ``fn``; its output goes to ``result_path`` (for the parent's rel err)."""
+    result = fn()  # also the warm-up (compilation)
+    ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+    peak = _peak_mb(fn)
+    torch.save(result.detach().float().cpu(), result_path)
+    return {"ms": ms, "peak": peak}
+
+
+def _row(rows, name, cell, args, result_path: str, *, reference_path: str | None = None,
+         timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Run ``cell(*args, result_path)`` in its own process and add its row; a backend that cannot
+    run these shapes, or crashes, says so in the ms column and the run goes on."""
+    measured = run_isolated(cell, *args, result_path, timeout_s=timeout_s)
+    if measured["status"] != "ok":
+        rows.append((name, failed(measured)[:90], "", ""))
+        return
     error = ""
-    if reference is not None:
-        error = f"{float((result.float() - reference.float()).norm() / reference.float().norm()):.1e}"
-    rows.append((name, f"{ms:.3f}", f"{peak:.0f}", error))
-    return result
+    if reference_path is not None and Path(reference_path).exists():
+        result, reference = torch.load(result_path), torch.load(reference_path)
+        error = f"{float((result - reference).norm() / reference.norm()):.1e}"
+    rows.append((name, f"{measured['ms']:.3f}", f"{measured['peak']:.0f}", error))
 
 
 def _importable(module: str) -> bool:
@@ -63,13 +81,19 @@ class _EmbeddingsModel(torch.nn.Module):
         return {"token_embeddings": features["embeddings"]}
 
 
-def bench_pylate(rows, batch: int) -> None:
+PYLATE_SHAPE = (32, 180, 128)  # Lq, Ld, d
+
+
+def pylate_cell(batch: int, backend: str, result_path: str) -> dict:
+    """One PyLate Contrastive step with ``backend`` (torch, lik, flash, or maxsim through patch()),
+    in its own process."""
     from pylate import losses
 
     from maxsim.integrations import pylate as maxsim_pylate
 
-    q_len, d_len, dim = 32, 180, 128
+    q_len, d_len, dim = PYLATE_SHAPE
     device = "cuda"
+    torch.manual_seed(SEED)
     queries = torch.randn(batch, q_len, dim, device=device, requires_grad=True)
     documents = [torch.randn(batch, d_len, dim, device=device, requires_grad=True) for _ in range(2)]
     lengths = torch.randint(d_len // 2, d_len + 1, (2, batch))
@@ -91,30 +115,40 @@ def bench_pylate(rows, batch: int) -> None:
         value.backward()
         return value.detach().reshape(1)
 
+    os.environ["PYLATE_SCORES_BACKEND"] = "auto" if backend == "maxsim" else backend
+    if backend == "maxsim":
+        maxsim_pylate.patch()  # this process ends with the measurement: no unpatch
+    return _measure(step, result_path)
+
+
+def bench_pylate(rows, batch: int, tmp: str, timeout_s: float) -> None:
+    q_len, d_len, _ = PYLATE_SHAPE
     label = f"pylate Contrastive step B={batch} (Lq {q_len}, Ld {d_len}, N 2, fp32)"
+    if not _importable("pylate"):
+        rows.append((label, "not installed (pylate)", "", ""))
+        return
     rows.append((label, "", "", ""))
-    os.environ["PYLATE_SCORES_BACKEND"] = "torch"
-    reference = _row(rows, "  pylate torch", step)
+    path = {b: str(Path(tmp) / f"pylate-{b}.pt") for b in ("torch", "lik", "flash", "maxsim")}
+    _row(rows, "  pylate torch", pylate_cell, (batch, "torch"), path["torch"], timeout_s=timeout_s)
     for backend, module in (("lik", "late_interaction_kernels"), ("flash", "flash_maxsim")):
         if _importable(module):
-            os.environ["PYLATE_SCORES_BACKEND"] = backend
-            _row(rows, f"  pylate {backend}", step, reference)
+            _row(rows, f"  pylate {backend}", pylate_cell, (batch, backend), path[backend],
+                 reference_path=path["torch"], timeout_s=timeout_s)
         else:
             rows.append((f"  pylate {backend}", f"not installed ({module})", "", ""))
-    os.environ["PYLATE_SCORES_BACKEND"] = "auto"
-    maxsim_pylate.patch()
-    try:
-        _row(rows, "  maxsim (patch)", step, reference)
-    finally:
-        maxsim_pylate.unpatch()
+    _row(rows, "  maxsim (patch)", pylate_cell, (batch, "maxsim"), path["maxsim"], reference_path=path["torch"],
+         timeout_s=timeout_s)
 
 
-def bench_colpali(rows, pages: int) -> None:
+def colpali_cell(pages: int, backend: str, result_path: str) -> dict:
+    """colpali's score_multi_vector with ``backend`` (torch, lik, or maxsim through patch()), in
+    its own process."""
     from colpali_engine.utils.processing_utils import BaseVisualRetrieverProcessor
 
     from maxsim.integrations import colpali as maxsim_colpali
 
     device = "cuda"
+    torch.manual_seed(SEED)
     queries = [torch.nn.functional.normalize(torch.randn(20, 128, device=device), dim=-1).bfloat16() for _ in range(16)]
     passages = [torch.nn.functional.normalize(torch.randn(1030, 128, device=device), dim=-1).bfloat16()
                 for _ in range(pages)]
@@ -123,20 +157,27 @@ def bench_colpali(rows, pages: int) -> None:
         with torch.no_grad():
             return BaseVisualRetrieverProcessor.score_multi_vector(queries, passages, device=device)
 
-    rows.append((f"colpali score_multi_vector 16 x {pages} pages (20 x 1030 tokens, bf16)", "", "", ""))
-    os.environ["COLPALI_SCORES_BACKEND"] = "torch"
-    reference = _row(rows, "  colpali torch", score)
+    os.environ["COLPALI_SCORES_BACKEND"] = "auto" if backend == "maxsim" else backend
+    if backend == "maxsim":
+        maxsim_colpali.patch()  # this process ends with the measurement: no unpatch
+    return _measure(score, result_path)
+
+
+def bench_colpali(rows, pages: int, tmp: str, timeout_s: float) -> None:
+    label = f"colpali score_multi_vector 16 x {pages} pages (20 x 1030 tokens, bf16)"
+    if not _importable("colpali_engine"):
+        rows.append((label, "not installed (colpali_engine)", "", ""))
+        return
+    rows.append((label, "", "", ""))
+    path = {b: str(Path(tmp) / f"colpali-{b}.pt") for b in ("torch", "lik", "maxsim")}
+    _row(rows, "  colpali torch", colpali_cell, (pages, "torch"), path["torch"], timeout_s=timeout_s)
     if _importable("late_interaction_kernels"):
-        os.environ["COLPALI_SCORES_BACKEND"] = "lik"
-        _row(rows, "  colpali lik", score, reference)
+        _row(rows, "  colpali lik", colpali_cell, (pages, "lik"), path["lik"], reference_path=path["torch"],
+             timeout_s=timeout_s)
     else:
         rows.append(("  colpali lik", "not installed (late_interaction_kernels)", "", ""))
-    os.environ["COLPALI_SCORES_BACKEND"] = "auto"
-    maxsim_colpali.patch()
-    try:
-        _row(rows, "  maxsim (patch)", score, reference)
-    finally:
-        maxsim_colpali.unpatch()
+    _row(rows, "  maxsim (patch)", colpali_cell, (pages, "maxsim"), path["maxsim"], reference_path=path["torch"],
+         timeout_s=timeout_s)
 
 
 def main() -> None:
@@ -145,14 +186,17 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=1000, help="colpali pages")
     parser.add_argument("--skip-pylate", action="store_true")
     parser.add_argument("--skip-colpali", action="store_true")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds one backend may take before its process is killed (a 'timeout' row)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("integrations_bench.py needs a CUDA GPU")
     rows: list[tuple[str, str, str, str]] = []
-    if not args.skip_pylate:
-        bench_pylate(rows, args.batch)
-    if not args.skip_colpali:
-        bench_colpali(rows, args.pages)
+    with tempfile.TemporaryDirectory(prefix="maxsim-integrations-") as tmp:
+        if not args.skip_pylate:
+            bench_pylate(rows, args.batch, tmp, args.timeout)
+        if not args.skip_colpali:
+            bench_colpali(rows, args.pages, tmp, args.timeout)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"{'case':72} {'median ms':>10} {'peak MB':>9} {'rel err':>8}")
     for name, ms, peak, error in rows:

@@ -5,33 +5,35 @@
     python benchmarks/search_bench.py --parts stream --stream-gb 4 --budget-gb 2 --mmap-dir /scratch
 
 Parts:
-  topk    maxsim.search.topk (as selected, then each path: chunked, fused) vs all scores +
-          torch.topk (and flash-maxsim's flash_maxsim_topk, late-interaction-kernels' retrieve when
-          importable) on Nq x Nd (Lq, Ld) fp16 shapes; ms (CUDA events, median), peak GPU memory
-          above the inputs. Where the selection does not fuse, the fused kernel is also timed on
-          the Triton tile (forced) and the reason is printed.
+  topk    maxsim.search.topk vs all scores + torch.topk (and flash-maxsim's flash_maxsim_topk,
+          late-interaction-kernels' retrieve when importable) on Nq x Nd (Lq, Ld) fp16 shapes;
+          ms (CUDA events, median), peak GPU memory above the inputs.
   stream  Corpus.search of one short query over a pinned host corpus and over a memory-mapped
           corpus file, against the plain pinned host-to-device copy rate and a sequential file
           read rate measured in the same run; GB/s and % of those rates.
   memory  GPU peak memory of a streamed search at 1x, 2x, 4x the corpus size (flat = good).
 Prints a short table per part. Sizes are arguments; keep the corpus within host RAM.
+
+Each top-k provider on each shape, and each of the stream and memory parts, runs in a fresh
+process (benchmarks/_isolate.py) that builds its inputs from a fixed seed: a provider that crashes
+the CUDA context (late-interaction-kernels' retrieve did on an H200) is a ``crashed`` row.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import statistics
 import tempfile
 import time
 
 import torch
+from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
 
 import maxsim
 from maxsim.search import Corpus, topk
-from maxsim.search.fused_topk import fused_topk
-from maxsim.search.specs import FUSED_TOPK
-from maxsim.selection.search import topk_choice
 
 
 def cuda_ms(fn, repeat: int) -> float:
@@ -60,87 +62,78 @@ def peak_above(fn) -> float:
 def table(title, header, rows):
     print(f"\n## {title}")
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    for row in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(x).rjust(w) for x, w in zip(row, widths)))
+    for row in [header, ["-" * w for w in widths], *rows]:  # numbers right-aligned, the note left
+        print("  ".join(str(x).ljust(w) if h == "note" else str(x).rjust(w)
+                        for x, w, h in zip(row, widths, header)).rstrip())
+
+
+TOPK_SEED = 0
+# Peers' top-k: row name -> (module, function); called as function(Q, D, k).
+TOPK_PEERS = {
+    "flash-maxsim topk": ("flash_maxsim", "flash_maxsim_topk"),
+    "late-interaction-kernels retrieve": ("late_interaction_kernels", "retrieve"),
+}
+
+
+def _topk_inputs(nq, lq, ld, nd, masked):
+    torch.manual_seed(TOPK_SEED)
+    Q = torch.randn(nq, lq, 128, device="cuda", dtype=torch.float16)
+    D = torch.randn(nd, ld, 128, device="cuda", dtype=torch.float16)
+    # --topk-masked: an all-True d_mask (the masked kernels: the Triton forward everywhere).
+    dm = torch.ones(nd, ld, dtype=torch.bool, device="cuda") if masked else None
+    return Q, D, dm
+
+
+# maxsim's top-k rows: name -> call(Q, D, k, d_mask); the first is the "vs scores" baseline.
+MAXSIM_TOPK = {
+    "maxsim (scores only)": lambda Q, D, k, dm: maxsim.maxsim(Q, D, None, dm),
+    "maxsim + torch.topk": lambda Q, D, k, dm: torch.topk(maxsim.maxsim(Q, D, None, dm), k, dim=1),
+    "maxsim.search.topk": lambda Q, D, k, dm: topk(Q, D, k, None, dm),
+}
+
+
+def topk_cell(nq, lq, ld, nd, k, masked, name, repeat):
+    """One provider on one shape, in its own process: ms and peak MB above the inputs; for
+    maxsim.search.topk also the peak at half the documents (its scratch must not grow with Nd)."""
+    Q, D, dm = _topk_inputs(nq, lq, ld, nd, masked)
+    if name in TOPK_PEERS:
+        module, function = TOPK_PEERS[name]
+        peer = getattr(importlib.import_module(module), function)
+        fn = lambda: peer(Q, D, k)  # noqa: E731
+    else:
+        fn = lambda: MAXSIM_TOPK[name](Q, D, k, dm)  # noqa: E731
+    out = {"ms": cuda_ms(fn, repeat), "mb": peak_above(fn)}
+    if name == "maxsim.search.topk":
+        half, half_mask = D[: nd // 2], None if dm is None else dm[: nd // 2]
+        out["half_mb"] = peak_above(lambda: topk(Q, half, k, None, half_mask))
+    return out
 
 
 def part_topk(args):
     rows = []
     for shape in args.topk_shapes.split(","):
         nq, lq, ld = (int(x) for x in shape.split("x"))
-        nd = args.topk_docs
-        Q = torch.randn(nq, lq, 128, device="cuda", dtype=torch.float16)
-        D = torch.randn(nd, ld, 128, device="cuda", dtype=torch.float16)
-        k = args.k
-        # --topk-masked: an all-True d_mask (the masked kernels: the Triton forward everywhere).
-        dm = torch.ones(nd, ld, dtype=torch.bool, device="cuda") if args.topk_masked else None
-        cands = {
-            "maxsim (scores only)": lambda: maxsim.maxsim(Q, D, None, dm),
-            "maxsim + torch.topk": lambda: torch.topk(maxsim.maxsim(Q, D, None, dm), k, dim=1),
-            "maxsim.search.topk": lambda: topk(Q, D, k, None, dm),
-            "maxsim.search.topk chunked": lambda: topk(Q, D, k, None, dm, path="chunked"),
-        }
-        # The fused kernel: where the selection runs it (path "auto" above is then the same call),
-        # and, where it does not (maxsim.maxsim takes the warp-specialized kernel), forced on the
-        # Triton table's tile, to measure what fusing would cost there (its last bits may differ).
-        choice = topk_choice(Q, D, k, masked=dm is not None, normalize=False)
-        print(f"# {nq}x{nd} ({lq},{ld}) k={k}: maxsim.topk runs {choice.kernel.name}"
-              + "".join(f"; not {name}: {why}" for name, why in choice.rejected))
-        if choice.kernel is FUSED_TOPK:
-            cands["maxsim.search.topk fused"] = lambda: topk(Q, D, k, None, dm, path="fused")
-        else:
-            tile = _triton_tile(Q, D)
-            if tile is not None:
-                cands["fused kernel, Triton tile (forced)"] = lambda: fused_topk(Q, D, k, None, dm, config=tile)
-        try:
-            import flash_maxsim  # noqa: F401
-
-            fn = getattr(flash_maxsim, "flash_maxsim_topk", None)
-            if fn is not None:
-                cands["flash-maxsim topk"] = lambda fn=fn: fn(Q, D, k)
-        except Exception:
-            pass
-        try:
-            import late_interaction_kernels as lik  # noqa: F401
-
-            fn = getattr(lik, "retrieve", None)
-            if fn is not None:
-                cands["late-interaction-kernels retrieve"] = lambda fn=fn: fn(Q, D, k)
-        except Exception:
-            pass
-        base_ms = None
-        for name, fn in cands.items():
-            try:
-                ms = cuda_ms(fn, args.repeat)
-                mb = peak_above(fn)
-            except Exception as err:  # a peer's API differs: report, keep going
-                rows.append([f"{nq}x{nd} ({lq},{ld})", name, "error", type(err).__name__, ""])
+        nd, k, masked = args.topk_docs, args.k, args.topk_masked
+        label = f"{nq}x{nd} ({lq},{ld})"
+        base_ms, half_row = None, None
+        for name in list(MAXSIM_TOPK) + list(TOPK_PEERS):
+            module = TOPK_PEERS.get(name, (None,))[0]
+            if module is not None and importlib.util.find_spec(module) is None:
+                rows.append([label, name, "not installed", "", "", module])
                 continue
+            result = run_isolated(topk_cell, nq, lq, ld, nd, k, masked, name, args.repeat, timeout_s=args.timeout)
+            if result["status"] != "ok":  # a crash, a timeout, a peer's API that differs: report, keep going
+                rows.append([label, name, result["status"], "", "", failed(result)])
+                continue
+            ms = result["ms"]
             base_ms = ms if base_ms is None else base_ms
-            rows.append([f"{nq}x{nd} ({lq},{ld})", name, f"{ms:.2f}", f"{mb:.0f}", f"{100 * (ms / base_ms - 1):+.1f}%"])
-        # Scratch independent of Nd: peak of topk at half the documents.
-        half = D[: nd // 2]
-        half_mask = None if dm is None else dm[: nd // 2]
-        rows.append([f"{nq}x{nd // 2} ({lq},{ld})", "maxsim.search.topk", "",
-                     f"{peak_above(lambda: topk(Q, half, k, None, half_mask)):.0f}", ""])
-        del Q, D, dm, half, half_mask
-        torch.cuda.empty_cache()
-    table("top-k vs scoring (fp16, d=128)", ["shape", "provider", "ms", "peak MB above inputs", "vs scores"], rows)
-
-
-def _triton_tile(Q, D):
-    """The dense Triton table's tile for an unmasked call, as a ForwardConfig (None where queries
-    are longer than its row block): what the fused kernel would run if it were allowed to."""
-    from maxsim.selection.dense import features
-    from maxsim.tuning import is_big_corpus
-    from maxsim.tuning import tables as T
-    from maxsim.tuning.configs import ForwardConfig
-    from maxsim.tuning.rules import first_match, next_pow2, tile_of
-
-    Nq, Lq, d = Q.shape
-    f = features(Nq, Lq, d, Q.dtype, False, False, is_big_corpus(D.shape[0] * D.shape[1]))
-    tile = ForwardConfig(**{"waves": 2, "row_max": False, "tma": False, **tile_of(first_match(T.DENSE_FORWARD_SM90, f), f)})
-    return tile if next_pow2(Lq) <= tile.BM else None
+            rows.append([label, name, f"{ms:.2f}", f"{result['mb']:.0f}", f"{100 * (ms / base_ms - 1):+.1f}%", ""])
+            if "half_mb" in result:
+                half_row = [f"{nq}x{nd // 2} ({lq},{ld})", name, "", f"{result['half_mb']:.0f}", "", ""]
+        if half_row is not None:  # scratch independent of Nd: the peak of topk at half the documents
+            rows.append(half_row)
+    table("top-k vs scoring (fp16, d=128)", ["shape", "provider", "ms", "peak MB above inputs", "vs scores", "note"],
+          rows)
 
 
 def _make_corpus(num_tokens: int, length: int, pinned: bool) -> Corpus:
@@ -236,6 +229,14 @@ def part_memory(args):
     table("GPU peak memory vs corpus size (8 queries)", ["corpus", "GB", "peak MB", "budget MB"], rows)
 
 
+ISOLATED_PARTS = {"stream": part_stream, "memory": part_memory}
+
+
+def run_part(part, options):
+    """The stream or memory part in a process of its own; it prints its table itself."""
+    ISOLATED_PARTS[part](argparse.Namespace(**options))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default="topk,stream,memory")
@@ -244,19 +245,28 @@ def main(argv=None):
                    help="Nd of the top-k part (the issue's bar: 1000000, which needs 33-77 GB of GPU memory)")
     p.add_argument("--topk-shapes", default="32x32x128,1x32x300", help="NqxLqxLd,... (the issue's bar shapes)")
     p.add_argument("--topk-masked", action="store_true",
-                   help="give every top-k call an all-True d_mask (the masked kernels: the Triton forward, fused top-k)")
+                   help="give every top-k call an all-True d_mask (the masked kernels: the Triton forward)")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--stream-gb", type=float, default=8.0, help="pinned corpus size of the stream part")
     p.add_argument("--budget-gb", type=float, default=2.0, help="gpu_memory given to the search")
     p.add_argument("--memory-gb", type=float, default=2.0, help="1x corpus size of the memory part")
     p.add_argument("--doc-length", type=int, default=128)
     p.add_argument("--mmap-dir", help="directory for the corpus file (default: a temporary one)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds one top-k provider, or one other part, may take before its process is killed")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("search_bench needs a CUDA GPU")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, maxsim {maxsim.__version__}")
     for part in args.parts.split(","):
-        {"topk": part_topk, "stream": part_stream, "memory": part_memory}[part](args)
+        if part == "topk":
+            part_topk(args)  # isolates each provider itself
+            continue
+        if part not in ISOLATED_PARTS:
+            raise SystemExit(f"search_bench: unknown part {part!r} (topk, {', '.join(ISOLATED_PARTS)})")
+        result = run_isolated(run_part, part, vars(args), timeout_s=args.timeout)
+        if result["status"] != "ok":
+            print(f"\n## {part}: {failed(result)}")
 
 
 if __name__ == "__main__":
