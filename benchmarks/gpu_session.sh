@@ -24,7 +24,7 @@ for step in "$@"; do
              || status=1 ;;
     # The kernels that changed since their last GPU run (BENCHMARKS.md, "Waiting for a GPU run"), opted in.
     verify) MAXSIM_UNVERIFIED_KERNELS=1 timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
-              tests/varlen tests/dense/test_forward_gpu.py tests/search/test_fused_topk.py tests/compressed/test_fused.py \
+              tests/varlen tests/dense/test_forward_gpu.py tests/compressed/test_fused.py \
               tests/head/test_head_varlen.py tests/dense/test_lengths.py tests/dense/test_precision.py tests/compressed/test_quantized.py \
               tests/compressed/test_pq.py -rs --durations=15 2>&1 | tee "$OUT/verify.log" \
               | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;

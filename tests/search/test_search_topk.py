@@ -1,11 +1,15 @@
 """maxsim.search.topk against the definition: a stable descending sort of the full score matrix."""
 
+import math
+
 import pytest
 import torch
 
 import maxsim
+from conftest import KERNEL_DEVICE
 from maxsim.search import merge_topk, topk
 from maxsim.search.topk import choose_chunk_documents, order_keys
+from oracle import oracle
 
 
 def sorted_topk(full, k):
@@ -129,6 +133,113 @@ def test_bad_inputs():
         topk(Q, [D[0]], 3, normalize=True)
     with pytest.raises(ValueError, match="cu_seqlens_d"):
         topk(Q, D[0], 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract through the kernels as well: "kernels" runs each chunk's maxsim.maxsim on the Triton
+# kernels (Triton's interpreter without a GPU), "default" on the backend the device picks.
+
+
+@pytest.fixture(params=["default", "kernels"])
+def backend(request, monkeypatch):
+    if request.param == "kernels":
+        monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+    return request.param
+
+
+def small_ints(*shape, dtype=torch.float16):
+    """Integers in [-2, 2]: exact products and sums whatever the order, and many tied scores."""
+    return torch.randint(-2, 3, shape, device=KERNEL_DEVICE).to(dtype)
+
+
+def assert_same(got, want):
+    (gs, gi), (ws, wi) = got, want
+    assert gs.dtype == torch.float32 and gi.dtype == torch.int64
+    assert gs.shape == ws.shape and gi.shape == wi.shape
+    assert torch.equal(gi.cpu(), wi.cpu()), (gi, wi)
+    assert torch.equal(gs.isnan().cpu(), ws.isnan().cpu())
+    keep = ~ws.isnan()
+    assert torch.equal(gs[keep].cpu(), ws[keep].float().cpu())
+
+
+@pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
+def test_ties_masks_and_k_edges_equal_oracle(backend, mask_mode):
+    # 5 queries of 7 tokens, Nd documents of 11 tokens, chunks of 7 (the last ragged) or one chunk.
+    # Duplicate documents and an empty one make exact ties; the float64 oracle is exact here. The
+    # interpreter runs a program a document (about 0.3 s each): fewer documents and calls there.
+    nd = 37 if backend == "default" else 13
+    calls = [(c, k) for c in (7, None) for k in (1, 5, 50)] if backend == "default" else [(7, 4), (None, 50)]
+    Q, D = small_ints(5, 7, 16), small_ints(nd, 11, 16)
+    D[nd - 7], D[nd - 1] = D[3], D[3]
+    q_mask = torch.rand(5, 7, device=KERNEL_DEVICE) > 0.25
+    d_mask = torch.rand(nd, 11, device=KERNEL_DEVICE) > 0.3
+    d_mask[nd - 1] = d_mask[nd - 7] = d_mask[3]
+    d_mask[9] = False  # an empty document
+    q_mask[4] = False  # a query with no real token: every score 0, ties everywhere
+    full, _ = oracle(Q, D, q_mask, d_mask, mask_mode=mask_mode)
+    for chunk, k in calls:  # k > Nd returns Nd results
+        got = topk(Q, D, k, q_mask, d_mask, mask_mode=mask_mode, chunk_documents=chunk)
+        assert_same(got, sorted_topk(full, k))
+    assert torch.equal(got[1][4].cpu(), torch.arange(nd))  # all tied at 0: index order
+
+
+def test_nan_ranks_first_ties_to_lower_index(backend):
+    Q, D = torch.randn(3, 4, 16, device=KERNEL_DEVICE), torch.randn(15, 6, 16, device=KERNEL_DEVICE)
+    D[4, 2, 0] = math.nan  # document 4 is NaN for every query
+    D[11, 5, 3] = math.nan  # ... and document 11 (another chunk)
+    Q[2, 1, 0] = math.nan  # query 2 is NaN for every document
+    d_mask = torch.ones(15, 6, dtype=torch.bool, device=KERNEL_DEVICE)
+    d_mask[7, 1] = False
+    D[7, 1, 0] = math.nan  # masked: takes no part
+    s, i = topk(Q, D, 4, None, d_mask, chunk_documents=4)
+    assert i[0, :2].tolist() == [4, 11] and i[1, :2].tolist() == [4, 11]
+    assert s[:2, :2].isnan().all() and not s[:2, 2:].isnan().any()
+    assert i[2].tolist() == [0, 1, 2, 3] and s[2].isnan().all()
+    want = sorted_topk(maxsim.maxsim(Q, D, None, d_mask), 4)
+    assert torch.equal(i[:2].cpu(), want[1][:2].cpu())
+
+
+def test_empty_sets(backend):
+    Q, D = small_ints(3, 4, 16), small_ints(6, 5, 16)
+    s, i = topk(Q, D[:0], 3)  # no documents
+    assert s.shape == (3, 0) and i.shape == (3, 0) and s.dtype == torch.float32 and i.dtype == torch.int64
+    for q, d in ((Q[:, :0], D), (Q, D[:, :0])):  # Lq = 0 or Ld = 0: every score 0
+        s, i = topk(q, d, 4)
+        assert torch.equal(s.cpu(), torch.zeros(3, 4)) and torch.equal(i.cpu(), torch.arange(4).expand(3, 4))
+    s, i = topk(Q[:0], D, 2)  # no queries
+    assert s.shape == (0, 2) and i.shape == (0, 2)
+    # Every document empty by its mask: all scores 0, the first k by index.
+    s, i = topk(Q, D, 4, None, torch.zeros(6, 5, dtype=torch.bool, device=KERNEL_DEVICE), chunk_documents=4)
+    assert torch.equal(s.cpu(), torch.zeros(3, 4)) and torch.equal(i.cpu(), torch.arange(4).expand(3, 4))
+
+
+def test_integer_masks_and_one_query(backend):
+    Q, D = small_ints(3, 5, 16), small_ints(12, 6, 16)
+    q_mask = torch.rand(3, 5, device=KERNEL_DEVICE) > 0.2
+    d_mask = torch.rand(12, 6, device=KERNEL_DEVICE) > 0.2
+    got = topk(Q, D, 5, q_mask.int(), d_mask.int())  # 0/1 integer masks, as maxsim.maxsim accepts
+    full, _ = oracle(Q, D, q_mask, d_mask)
+    assert_same(got, sorted_topk(full, 5))
+    s, i = topk(Q[0], D, 3, q_mask[0], d_mask)  # one 2-D query
+    assert s.shape == (3,) and torch.equal(i, got[1][0, :3])
+
+
+def test_bad_padded_options():
+    # Checked before any chunk is scored: also with no documents or no candidates to score.
+    Q, D = small_ints(2, 3, 16), small_ints(9, 4, 16)
+    for docs in (D, D[:0]):
+        with pytest.raises(ValueError, match="mask_mode"):
+            topk(Q, docs, 2, mask_mode="mul")
+        with pytest.raises(TypeError, match="normalize"):
+            topk(Q, docs, 2, normalize=1)
+    with pytest.raises(ValueError, match="q_mask must have shape"):
+        topk(Q, D, 2, torch.ones(2, 4, dtype=torch.bool, device=KERNEL_DEVICE))
+    with pytest.raises(ValueError, match="d_mask must have shape"):
+        topk(Q, D, 2, None, torch.ones(9, 5, dtype=torch.bool, device=KERNEL_DEVICE))
+    with pytest.raises(ValueError, match="d must be at least 1"):
+        topk(Q[..., :0], D[..., :0], 2)
+    with pytest.raises(TypeError):
+        topk(Q, D, 2, path="fused")  # one path: there is no path= to choose
 
 
 @pytest.mark.gpu

@@ -3,15 +3,9 @@
     scores, indices = maxsim.search.topk(Q, D, k)      # [Nq, k] fp32, [Nq, k] int64
 
 The answer is exactly ``torch.topk(maxsim(Q, D), k)`` with ties broken by the lower document index,
-sorted best first. Two paths compute it (:mod:`maxsim.selection.search` chooses):
-
-- fused (:mod:`maxsim.search.fused_topk`): padded documents shared by every query, on the Triton
-  kernels: the dense forward with a per-program top-k epilogue, then one merge of the programs'
-  candidates. The score matrix is never written; scratch is O(Nq * k * programs a query).
-- chunked (here): a fixed-size chunk of documents is scored with ``maxsim.maxsim`` (padded layout)
-  or ``maxsim.maxsim_varlen`` (packed layout), and its best ``k`` are merged into a running top-k.
-  Scratch memory is O(Nq * (k + chunk)), independent of Nd. It runs every call the fused kernel
-  does not (the CPU backend, ``subset=``, packed documents, large k), and is the tests' oracle.
+sorted best first. One path computes it: a fixed-size chunk of documents is scored with
+``maxsim.maxsim`` (padded layout) or ``maxsim.maxsim_varlen`` (packed layout), and its best ``k``
+are merged into a running top-k. Scratch memory is O(Nq * (k + chunk)), independent of Nd.
 
 Exact ties across chunks: every (score, document index) pair is turned into one int64 key that
 orders by score descending, then index ascending (see :func:`order_keys`). Keys are unique, so
@@ -41,8 +35,6 @@ SCRATCH_BYTES_PER_SCORE = 40
 # A kernel call over fewer document tokens than this uses other tiles (maxsim's corpus classes):
 # chunks stay at or above it so that a chunk's scores are computed like the whole corpus's.
 MIN_CHUNK_TOKENS = 2**18
-# maxsim.topk's path= values.
-PATHS = ("auto", "fused", "chunked")
 
 
 def choose_chunk_documents(num_queries: int, num_documents: int, k: int, tokens_per_document: float,
@@ -263,7 +255,7 @@ def _chunked(running: RunningTopK, num_documents: int, chunk: int,
 
 def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=None, subset=None,
          normalize: bool = False, mask_mode: str = "exclude", chunk_documents: int | None = None,
-         scratch_bytes: int | None = None, path: str = "auto"):
+         scratch_bytes: int | None = None):
     """The best ``k`` documents of ``D`` for each query of ``Q``, exactly.
 
     Layouts:
@@ -279,12 +271,8 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
             indices or a list of Nq lists; -1 pads a short list; a repeated index counts once.
             Only candidates are ranked; ``k`` is then capped at K, and a query with fewer than
             ``k`` candidates gets index -1 and score -inf in its remaining slots.
-        chunk_documents: documents scored per chunk by the chunked path (default:
-            :func:`choose_chunk_documents`); giving it runs the chunked path.
-        scratch_bytes: the chunked path's score-scratch budget given to :func:`choose_chunk_documents`.
-        path: ``"auto"`` (the fused kernel where :mod:`maxsim.selection.search` allows it, else the
-            chunked path), ``"fused"`` (an error saying why where it cannot run) or ``"chunked"``.
-            Both return the same answer.
+        chunk_documents: documents scored per chunk (default: :func:`choose_chunk_documents`).
+        scratch_bytes: the score-scratch budget given to :func:`choose_chunk_documents`.
 
     Returns:
         ``(scores [Nq, k'] fp32, indices [Nq, k'] int64)``, k' = min(k, Nd) (or min(k, K)), sorted
@@ -294,14 +282,8 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
         a dot product by the shape of the chunk it is part of.
     """
     k = check_k(k)
-    if path not in PATHS:
-        raise ValueError(f"maxsim: path must be one of {', '.join(map(repr, PATHS))}; got {path!r}")
-    if path == "fused" and chunk_documents is not None:
-        raise ValueError("maxsim: chunk_documents is the chunked path's; path='fused' takes none")
     packed = isinstance(D, (list, tuple)) or cu_seqlens_d is not None
     if packed:
-        if path == "fused":
-            raise ValueError("maxsim: path='fused' cannot run this call: packed documents are not fused yet")
         if normalize or mask_mode != "exclude":
             raise ValueError("maxsim: the packed layout scores with maxsim_varlen: normalize=False and "
                              "mask_mode='exclude' only (normalize the embeddings beforehand)")
@@ -335,24 +317,30 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
             raise ValueError(f"maxsim: padded D must be [Nd, Ld, d]; got {list(D.shape)} "
                              "(for packed documents give cu_seqlens_d or a list)")
         _check_pair(Q, D)
-        if q_mask is not None:
-            q_mask = _as_tensor("q_mask", q_mask)
+        _check_options(normalize, mask_mode, Q)
+        q_mask = _bool_mask("q_mask", q_mask, Q.shape[:2], Q.device)
         d_mask = _bool_mask("d_mask", d_mask, D.shape[:2], D.device)
         scores, indices = _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode,
-                                       chunk_documents, scratch_bytes, path)
+                                       chunk_documents, scratch_bytes)
     if squeeze:
         return scores[0], indices[0]
     return scores, indices
 
 
-def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_documents, scratch_bytes,
-                 path="auto"):
+def _check_options(normalize, mask_mode: str, Q: torch.Tensor) -> None:
+    """The padded layout's options, checked up front: a call that scores no chunk (no documents,
+    no candidates) must refuse what ``maxsim.maxsim`` would."""
+    if mask_mode not in ("exclude", "multiply"):
+        raise ValueError(f"maxsim: mask_mode must be 'exclude' or 'multiply'; got {mask_mode!r}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"maxsim: normalize must be True or False; got {normalize!r}")
+    if Q.shape[-1] == 0:
+        raise ValueError(f"maxsim: the embedding dim d must be at least 1; got Q {list(Q.shape)}")
+
+
+def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_documents, scratch_bytes):
     Nq, Nd, Ld = Q.shape[0], D.shape[0], D.shape[1]
     options = dict(normalize=normalize, mask_mode=mask_mode)
-    if path != "chunked" and chunk_documents is None:
-        fused = _fused_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, required=path == "fused")
-        if fused is not None:
-            return fused
     if subset is None:
         _check_size(Nd)
         chunk = chunk_documents or choose_chunk_documents(Nq, Nd, k, Ld, D.device, scratch_bytes)
@@ -380,32 +368,6 @@ def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_do
         scores = maxsim.maxsim(Q, docs, q_mask, mask, **options)  # [Nq, c]
         running.update(scores, cols)
     return running.result()
-
-
-def _fused_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, required: bool):
-    """The fused kernel's answer where :func:`maxsim.selection.search.topk_choice` allows it, else
-    None (``required``: a ValueError giving the selection's reason instead)."""
-    from maxsim.search import specs
-    from maxsim.selection.search import topk_choice
-
-    if mask_mode not in ("exclude", "multiply"):
-        raise ValueError(f"maxsim: mask_mode must be 'exclude' or 'multiply'; got {mask_mode!r}")
-    if not isinstance(normalize, bool):
-        raise TypeError(f"maxsim: normalize must be True or False; got {normalize!r}")
-    if Q.shape[-1] == 0:
-        raise ValueError(f"maxsim: the embedding dim d must be at least 1; got Q {list(Q.shape)}")
-    q_mask = _bool_mask("q_mask", q_mask, Q.shape[:2], Q.device)
-    masked = q_mask is not None or d_mask is not None
-    choice = topk_choice(Q, D, k, masked=masked, normalize=normalize,
-                         layout="cross" if subset is None else "candidates")
-    if choice.kernel is not specs.FUSED_TOPK:
-        if required:
-            raise ValueError(f"maxsim: path='fused' cannot run this call: {choice.rejected[0][1]}")
-        return None
-    from maxsim.search.fused_topk import fused_topk
-
-    return fused_topk(Q, D, k, q_mask, d_mask, config=choice.config, normalize=normalize,
-                      multiply=mask_mode == "multiply")
 
 
 def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, subset=None, chunk_documents=None,
