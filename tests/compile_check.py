@@ -35,11 +35,11 @@ from maxsim.dense.forward import _maxsim_fwd_kernel
 from maxsim.dense.forward_ws import WS_MAXNREG, WS_SUB_TILES, _maxsim_fwd_ws_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
+from maxsim.varlen.stream import _maxsim_varlen_stream_kernel
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
 from maxsim.compressed.forward import _residual_fwd_kernel
-from maxsim.search.fused_topk import _maxsim_topk_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -170,6 +170,13 @@ def varlen_variants():
     yield "varlen cross fp32 tf32x3", _maxsim_varlen_cross_kernel, dict(vc, BM=128, BK=64, NUM_K=2, SEG=32,
                                                                        DOT_PRECISION="tf32x3"), \
         dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 8
+    sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024)
+    del sc["SAVE_ARGMAX"]
+    sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32")
+    yield "varlen stream 1 query", _maxsim_varlen_stream_kernel, sc, sptrs, 1
+    yield "varlen stream int8", _maxsim_varlen_stream_kernel, dict(sc, SCALED=True), dict(sptrs, d_ptr="i8"), 1
+    yield "varlen stream fp8 (bytes), 32 queries", _maxsim_varlen_stream_kernel, \
+        dict(sc, BM=128, SCALED=True, FP8=True), dict(sptrs, d_ptr="u8"), 4
     pptrs = dict(cptrs, pq_ptr="i64", pd_ptr="i64")
     yield "pairs", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128), pptrs, 4
     yield "pairs argmax", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128, SAVE_ARGMAX=True), pptrs, 4
@@ -274,35 +281,6 @@ def ws_variants():
 EXPECT_WS = {name for name, *_ in ws_variants()}
 
 
-def topk_variants():
-    """maxsim.topk's fused kernel (maxsim/search/fused_topk.py): the dense tiles the selection hands it
-    at the bar shapes (1 x 1M (32, 300), 32 x 1M (32, 128) when masked), with its buffer of KB slots."""
-    base = dict(BM=32, BN=128, BK=128, NUM_K=1, SEG=32, KB=128, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
-                NORMALIZE=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False, ROW_MAX=False, USE_TMA=False)
-    ptrs = dict(q_ptr="fp16", d_ptr="fp16", d_desc="fp16", qmask_ptr="i1", dmask_ptr="i1", keys_ptr="i64",
-                scores_ptr="fp32")
-
-    def tma(consts):
-        return dict(consts, USE_TMA=True), dict(ptrs, d_desc=f"tensordesc<fp16[1,{consts['BN']},{consts['BK']}]>")
-
-    yield "topk one query k=100 (1 x 1M)", _maxsim_topk_kernel, base, ptrs, 4, 3
-    yield "topk one query k=256 d_mask", _maxsim_topk_kernel, dict(base, KB=256, HAS_DMASK=True), ptrs, 4, 3
-    yield "topk TMA stacked k=100 masks (32 x 1M)", _maxsim_topk_kernel, \
-        *tma(dict(base, BM=256, SEG=32, HAS_QMASK=True, HAS_DMASK=True, ROW_MAX=True)), 8, 3
-    yield "topk stacked multiply+normalize", _maxsim_topk_kernel, \
-        dict(base, BM=256, BN=64, SEG=32, KB=16, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True,
-             ROW_MAX=True), ptrs, 8, 2
-    yield "topk 128 rows running max k=256", _maxsim_topk_kernel, dict(base, BM=128, BN=64, SEG=128, KB=256), ptrs, 8, 3
-    yield "topk d=768 one query", _maxsim_topk_kernel, dict(base, NUM_K=6, ROW_MAX=True), ptrs, 4, 3
-    yield "topk fp32 ieee", _maxsim_topk_kernel, dict(base, BM=128, BN=32, BK=64, NUM_K=2, KB=16,
-                                                      DOT_PRECISION="ieee"), \
-        dict(ptrs, q_ptr="fp32", d_ptr="fp32", d_desc="fp32"), 4, 2
-
-
-EXPECT_WGMMA.update({"topk TMA stacked k=100 masks (32 x 1M)", "topk stacked multiply+normalize",
-                     "topk 128 rows running max k=256"})
-
-
 def all_variants():
     """(name, kernel, constexprs, pointer types, num_warps, num_stages) for every checked variant."""
     jobs = [(name, _maxsim_fwd_kernel, c, p, w, s) for name, c, p, w, s in dense_forward_variants()]
@@ -312,7 +290,6 @@ def all_variants():
     jobs += [(name, k, c, p, w, 2) for name, k, c, p, w in chamfer_variants()]
     jobs += list(head_variants())
     jobs += list(compressed_variants())
-    jobs += list(topk_variants())
     return jobs
 
 

@@ -167,7 +167,8 @@ def test_explain_on_the_cpu_and_for_packed_calls():
     Q, D = torch.randn(2, 5, 16), torch.randn(3, 7, 16)
     assert "no kernel" in str(maxsim.explain(Q, D))
     text = str(maxsim.explain([torch.randn(5, 16), torch.randn(3, 16)], [torch.randn(7, 16)] * 4, gpu="sm90"))
-    assert "forward: varlen.cross_forward" in text and "varlen.unified_backward" in text
+    assert "forward: varlen.stream_forward" in text and "varlen.unified_backward" in text
+    assert "not varlen.cross_forward: the stream runs this call" in text
     with pytest.raises(ValueError, match="gpu must be one of"):
         maxsim.explain(Q, D, gpu="h100")
 

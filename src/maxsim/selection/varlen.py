@@ -24,15 +24,23 @@ def forward_choice(q: torch.Tensor, Nq: int, max_q: int, pairs: bool, argmax: bo
 
 @functools.lru_cache(maxsize=256)
 def _forward_choice(rows: int, dim: int, dtype: torch.dtype, pairs: bool, argmax: bool, family: str) -> Choice:
-    kernel, other = (specs.PAIRS_FORWARD, specs.CROSS_FORWARD) if pairs else (specs.CROSS_FORWARD, specs.PAIRS_FORWARD)
     call = call_of(dtype, dim, "pairs" if pairs else "packed", False, False, argmax, family)
+    f = dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=dim, rows=rows)
+    if pairs:
+        kernel, others, table = specs.PAIRS_FORWARD, (specs.STREAM_FORWARD, specs.CROSS_FORWARD), T.VARLEN_FORWARD_SM90
+    elif specs.STREAM_FORWARD.unsupported(call) is None:
+        # The stream reads each document tile once however short the documents; the per-document
+        # kernel only where the stream cannot run (the argmax, for training).
+        kernel, others, table = specs.STREAM_FORWARD, (specs.CROSS_FORWARD, specs.PAIRS_FORWARD), T.VARLEN_STREAM_SM90
+    else:
+        kernel, others, table = specs.CROSS_FORWARD, (specs.STREAM_FORWARD, specs.PAIRS_FORWARD), T.VARLEN_FORWARD_SM90
     why = kernel.unsupported(call)
     if why is not None:
         raise RuntimeError(f"maxsim: {kernel.name} cannot run this call: {why}")
-    f = dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=dim, rows=rows)
-    rule = first_match(T.VARLEN_FORWARD_SM90, f)
+    rule = first_match(table, f)
     config = clamp(tile_of(rule, f), family, varlen=True)
-    return Choice(kernel, config, rule.name, rule.record, ((other.name, other.unsupported(call)),))
+    why_not = tuple((o.name, o.unsupported(call) or "the stream runs this call") for o in others)
+    return Choice(kernel, config, rule.name, rule.record, why_not)
 
 
 def strategy(backward: str, q: torch.Tensor, d: torch.Tensor, max_q: int) -> str:

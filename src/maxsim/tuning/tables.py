@@ -31,9 +31,9 @@ LOWMEM_SCRATCH_FRACTION = 0.06
 LOWMEM_MIN_CHUNK_BYTES = 2 * 2**20
 LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 
-# fp32 inputs on the tensor cores: the GPU families whose runs verified precision="tf32x3" and
-# "tf32" against float64 and timed them; there "auto" takes the split (tf32x3), elsewhere IEEE
-# FMAs, and an explicit tensor-core precision needs MAXSIM_UNVERIFIED_KERNELS=1. None yet.
+# fp32 inputs on the tensor cores: the GPU families where the split (tf32x3) was measured to beat
+# IEEE FMAs within the accuracy bound; there precision="auto" takes it, elsewhere IEEE FMAs. An
+# explicit precision word runs everywhere. None yet (the split is untuned).
 SPLIT_FP32_FAMILIES: tuple[str, ...] = ()
 
 # --- dense forward, warp-specialized (Gluon) kernel ------------------------------------------
@@ -155,6 +155,20 @@ VARLEN_FORWARD_SM90 = (
     Rule("<= 64 rows", When(rows=(1, 64)), _T(BM="rows", BN=128, BK="d", num_warps=4, num_stages=3)),
     Rule("65-255 rows", When(), _T(BM="rows", BN=64, BK="d", num_warps=8, num_stages=3)),
 )
+# The token-stream forward (varlen/stream.py, inference): BN tokens a tile shared by whatever
+# documents they belong to; waves = programs per multiprocessor (documents vary in length, so
+# many small runs balance the tail). Few warps: each document's max and sum reduce across the
+# warps that hold the query rows, once per document.
+_STREAM_RECORD = "BENCHMARKS.md, Exhaustive scoring of short documents (benchmarks/stream_bench.py, 2026-12-01)"
+VARLEN_STREAM_SM90 = (
+    Rule("fp32", When(dtype="fp32"), _T(BM="rows<=128", BN=32, BK="d<=64", num_warps=4, num_stages=2, waves=8)),
+    Rule("d > 128", When(d=(129, INF)), _T(BM="rows<=128", BN=64, BK=64, num_warps=4, num_stages=2, waves=8)),
+    Rule("one query (<= 32 rows)", When(rows=(1, 32)),
+         _T(BM="rows", BN=64, BK="d", num_warps=1, num_stages=2, waves=8), _STREAM_RECORD),
+    Rule("33-64 rows", When(rows=(33, 64)), _T(BM="rows", BN=64, BK="d", num_warps=2, num_stages=2, waves=8)),
+    Rule("stacked queries", When(), _T(BM="rows<=128", BN=64, BK="d", num_warps=4, num_stages=2, waves=8),
+         _STREAM_RECORD),
+)
 VARLEN_ATOMIC_BACKWARD = (Rule("atomics", When(), _T(BR_MAX=16, ELEMENTS=4096, PAIRS_MAX=64, num_warps=4)),)
 VARLEN_OWNED_BACKWARD = (Rule("d <= 128", When(d=(1, 128)), _T(num_warps=1)), Rule("wider", When(), _T(num_warps=4)))
 
@@ -217,17 +231,6 @@ CHAMFER_BACKWARD = (
 # tests cross tile edges with small clouds.
 CHAMFER_UNMEASURED_CLAMP = dict(BM_MAX=64, BN_MAX=64, STAGES_MAX=2)
 CHAMFER_INTERPRETER_CLAMP = dict(BM_MAX=16, BN_MAX=16, BR_MAX=16, num_warps=4, num_stages=1)
-
-# --- fused top-k (maxsim.topk) -----------------------------------------------------------------
-# The fused kernel runs the dense Triton tile of the same call (its scores must be maxsim's bit for
-# bit) and adds a buffer of KB = max(16, next_pow2(k)) slots per query of a program's block: int64
-# keys and fp32 scores in registers, QPB * KB of each (QPB = BM // SEG queries a block).
-# MAX_K: a larger k runs the chunked path; MAX_SLOTS: the buffer's register budget a program
-# (QPB * KB). Starting points, to be measured.
-
-TOPK_FUSED_SM90 = (
-    Rule("dense tile with a top-k epilogue", When(), _T(MAX_K=256, MAX_SLOTS=2048)),
-)
 
 # --- fused residual decode (maxsim_residual, maxsim_residual_varlen) -----------------------------
 

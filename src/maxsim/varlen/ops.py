@@ -16,11 +16,15 @@ from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
 from maxsim.varlen.packing import pack
+from maxsim.varlen.specs import STREAM_FORWARD
+from maxsim.varlen.stream import stream_forward
 
 
 def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=False, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
     choice = select.forward_choice(q, cu_q.numel() - 1, max_q, pair_q is not None, save_argmax)
+    if choice.kernel is STREAM_FORWARD and max_q > 0:
+        return stream_forward(q, d, cu_q, cu_d, max_q, config=choice.config, max_d=max_d, precision=precision), None
     return varlen_forward(q, d, cu_q, cu_d, max_q, pair_q, pair_d, save_argmax=save_argmax, config=choice.config,
                           max_d=max_d, precision=precision)
 

@@ -9,6 +9,12 @@ CROSS_FORWARD = KernelSpec(
     "Triton: stacked packed queries against every packed document, work proportional to real tokens",
     layouts=("packed",), masks=False, normalize=False,
 )
+STREAM_FORWARD = KernelSpec(
+    "varlen.stream_forward",
+    "Triton: stacked packed queries against a run of documents read as one token stream (a "
+    "segmented max: a tile holds several documents' tokens); int8 / fp8 tokens widened on chip",
+    layouts=("packed",), masks=False, normalize=False, argmax=False,
+)
 PAIRS_FORWARD = KernelSpec(
     "varlen.pairs_forward",
     "Triton: one program walks a run of (query, document) pairs of the packed batches",
