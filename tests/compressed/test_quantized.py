@@ -377,6 +377,31 @@ def test_through_the_triton_kernels(format, monkeypatch):
                                rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("format", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_inference_reads_the_bytes_in_the_stream_kernel(format, dtype, monkeypatch):
+    """Without a gradient, the Triton backend scores the one-byte tokens themselves (no dequantised
+    chunk): s (q . v) in fp32, against the float64 oracle; whole corpus or chunks, same scores."""
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+    calls = []
+    real = quantized.quantized_scores
+    monkeypatch.setattr(quantized, "quantized_scores", lambda *a: calls.append(a[1].dtype) or real(*a))
+    monkeypatch.setattr(quantized, "dequantize_tokens", None)  # a call would fail: no dequantised copy
+    lengths = [3, 0, 7, 5, 1, 12]
+    values, scales, cu = _packed_corpus(lengths, 16, format)
+    on = dict(device=KERNEL_DEVICE)
+    Q_host = torch.randn(2, 4, 16).to(dtype)
+    q_mask = torch.tensor([[True, True, False, True], [True, True, True, True]])
+    got = maxsim_quantized_varlen(Q_host.to(**on), values.to(**on), scales.to(**on), cu.to(**on), q_mask=q_mask.to(**on))
+    assert calls == [values.dtype]
+    D, d_mask = _padded_from_packed(values.double() * scales.double()[:, None], cu)
+    expected = _oracle(Q_host, D, q_mask, d_mask)
+    torch.testing.assert_close(got.cpu().double(), expected, rtol=1e-5, atol=1e-4)
+    chunked = maxsim_quantized_varlen(Q_host.to(**on), values, scales, cu, q_mask=q_mask.to(**on), chunk_documents=2)
+    assert len(calls) == 4  # host corpus, three chunks of the bytes
+    torch.testing.assert_close(chunked, got, rtol=1e-6, atol=1e-6)  # tiles fall elsewhere: fp32 sums may round apart
+
+
 # ---------------------------------------------------------------------- bad input
 def test_scoring_bad_input():
     values, scales = quantize_tokens(torch.randn(4, 5, 8))

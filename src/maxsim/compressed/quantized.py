@@ -7,11 +7,15 @@ A token x [d] is stored as d one-byte values and one fp32 scale:
 
 and read back as ``values * scale`` (an all-zero token has scale 0 and reads back as zeros).
 
-Scoring (``maxsim_quantized`` / ``maxsim_quantized_varlen``) never builds the dequantised corpus:
-documents are dequantised a bounded chunk at a time into Q's dtype, on Q's device, and each chunk
-is scored with the public ``maxsim.maxsim`` / ``maxsim.maxsim_varlen`` (the Triton kernels on CUDA,
-the CPU backend otherwise). When Q needs a gradient, each chunk runs under activation
-checkpointing, so the backward dequantises its chunk again instead of keeping every chunk alive.
+Scoring never builds the dequantised corpus. Packed documents (``maxsim_quantized_varlen``) on
+the Triton backend, for inference, go to the packed stream kernel as they are (``maxsim.varlen.
+stream``): each tile of one-byte values is widened to Q's dtype on chip and each product column
+multiplied by its token's scale, ``s (q . v)`` in fp32, one rounding fewer than dequantising
+first. Otherwise (padded documents, the CPU backend, a Q that needs a gradient) documents are
+dequantised a bounded chunk at a time into Q's dtype, on Q's device, and each chunk is scored with
+the public ``maxsim.maxsim`` / ``maxsim.maxsim_varlen``. When Q needs a gradient, each chunk runs
+under activation checkpointing, so the backward dequantises its chunk again instead of keeping
+every chunk alive. Chunks also bound what is copied at a time from values held in host memory.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 import maxsim as _maxsim
 from maxsim import _checks
+from maxsim._dispatch import backend_for
+from maxsim.varlen.ops import quantized_scores
 
 from ._inputs import (check_chunk_documents, check_cu_seqlens, check_mask, check_q_mask, check_query,
                       describe)
@@ -137,6 +143,12 @@ def _run_chunk(fn, Q, *chunk_inputs):
     return fn(Q, *chunk_inputs)
 
 
+def _fused_kernel_runs(q) -> bool:
+    """Whether the packed stream kernel scores one-byte tokens for queries on q's device: the
+    Triton backend (CUDA, or the interpreter when asked)."""
+    return backend_for(q.device) == "triton"
+
+
 # ---------------------------------------------------------------------- padded documents
 def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="exclude", normalize=False,
                      chunk_documents=None):
@@ -214,9 +226,11 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     Q: padded [Nq, Lq, d] (with an optional q_mask [Nq, Lq]), one query [Lq, d] (q_mask [Lq]), or
     a list of [L_i, d] tensors; float16 / bfloat16 / float32. values [T, d] int8 or float8_e4m3fn,
     scales [T] floating, cu_seqlens_d [Nd + 1] (document j is tokens cu[j]:cu[j + 1]).
-    Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q): ``maxsim.maxsim_varlen`` on the documents dequantised
-    in Q's dtype, ``chunk_documents`` documents at a time (default: as many as fit
-    DEFAULT_CHUNK_BYTES of scratch, at least one). Empty documents score 0. Differentiable in Q.
+    Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q): MaxSim against the dequantised tokens, scored
+    ``chunk_documents`` documents at a time (default: as many as fit DEFAULT_CHUNK_BYTES of
+    scratch, at least one): on the Triton backend without a gradient, by the stream kernel on the
+    bytes (exact products ``s (q . v)``, fp32); otherwise ``maxsim.maxsim_varlen`` on the tokens
+    dequantised in Q's dtype. Empty documents score 0. Differentiable in Q.
     """
     _check_quantized(values, scales)
     _check_scale_values(scales)
@@ -230,13 +244,21 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     num_queries, num_docs = cu_q.numel() - 1, cu.numel() - 1
     lengths = cu[1:] - cu[:-1]  # [Nd] on the host
 
+    fused = _fused_kernel_runs(q_packed) and not _needs_grad(q_packed) and max_q > 0
+
     def score_chunk(q_packed, chunk_values, chunk_scales, cu_chunk, chunk_max):
+        if fused:  # the one-byte tokens go to the kernel as they are, widened on chip
+            return quantized_scores(q_packed, chunk_values.to(device).contiguous(),
+                                    chunk_scales.to(device, torch.float32).contiguous(), cu_q, cu_chunk, max_q,
+                                    chunk_max)
         D = dequantize_tokens(chunk_values.to(device), chunk_scales.to(device), dtype)  # [n tokens, d]
         # both max lengths given: no host synchronisation inside (the offsets were checked above)
         return _maxsim.maxsim_varlen(q_packed.to(dtype), D, cu_q, cu_chunk, max_seqlen_q=max_q,
                                      max_seqlen_d=chunk_max)
 
-    tokens_per_chunk = max(1, DEFAULT_CHUNK_BYTES // (dim * (4 + (dtype.itemsize if dtype != torch.float32 else 0))))
+    # scratch a token: its dequantised copy and fp32 products (none when the kernel reads the bytes)
+    bytes_per_token = dim * (1 if fused else 4 + (dtype.itemsize if dtype != torch.float32 else 0))
+    tokens_per_chunk = max(1, DEFAULT_CHUNK_BYTES // bytes_per_token)
     q_in = _gradient_input(q_packed)
     scores = []
     start = 0

@@ -29,6 +29,16 @@ def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=Fal
                           max_d=max_d, precision=precision)
 
 
+def quantized_scores(q, values, scales, cu_q, cu_d, max_q, max_d):
+    """Inference scores ``[Nq, Nd]`` of packed q against packed one-byte tokens (int8 or
+    float8_e4m3fn ``values [T, d]``, fp32 ``scales [T]``), widened on chip by the stream kernel
+    (the selection's tile); every tensor on q's device, offsets already checked."""
+    choice = select.forward_choice(q, cu_q.numel() - 1, max_q, False, False)
+    if choice.kernel is not STREAM_FORWARD:
+        raise RuntimeError(f"maxsim: {STREAM_FORWARD.name} cannot run this call")
+    return stream_forward(q, values, cu_q, cu_d, max_q, config=choice.config, scales=scales, max_d=max_d)
+
+
 def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy, precision):
     """The forward op's body (``strategy`` is for the backward only)."""
     scores, argmax = _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax, precision)
