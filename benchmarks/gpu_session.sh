@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [verify] [tests] [bench] [train] [varlen] [sweep] [sweeppeers] [shapes]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # NVLink multicast stays off (the device notes require it for every NCCL run).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,6 +22,14 @@ for step in "$@"; do
     tests) timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py \
              ${TESTS:-tests} -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 \
              || status=1 ;;
+    # The whole GPU tier in one call: 8 pytest workers, one test file each at a time (about 8
+    # minutes on the H200; the slowest file, tests/varlen/test_trusted_lengths.py, sets the pace).
+    tier) timeout "${TEST_TIMEOUT:-570}" python3 -m pytest -q -p no:cacheprovider -n 8 --dist loadfile \
+            --deselect tests/test_compile_sm90.py tests -rs --durations=25 2>&1 | tee "$OUT/tier.log" \
+            | grep -E "^FAILED|^ERROR|passed|failed" | tail -40 || status=1 ;;
+    # Exhaustive scoring of 1M short packed documents: fp16, int8, fp8 (benchmarks/stream_bench.py).
+    stream) python3 benchmarks/stream_bench.py --json "$OUT/stream.json" ${STREAM_ARGS:-} 2>&1 \
+              | tee "$OUT/stream.log" | tail -20 || status=1 ;;
     # The kernels that changed since their last GPU run (BENCHMARKS.md, "Waiting for a GPU run"), opted in.
     verify) MAXSIM_UNVERIFIED_KERNELS=1 timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
               tests/varlen tests/dense/test_forward_gpu.py tests/compressed/test_fused.py \

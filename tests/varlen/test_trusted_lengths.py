@@ -25,6 +25,34 @@ def device_for(backend):
     return KERNEL_DEVICE if backend == "triton" else "cpu"
 
 
+def _expected_on_gpu(q, d, cu_q, cu_d, rows, max_q, max_d):
+    """The same rule for CUDA inputs, in float64 on the GPU: each valid query against every valid
+    document at once (the documents gathered into a padded [Nd, L, d] view), one query at a time."""
+    Nq, Nd = len(cu_q) - 1, len(cu_d) - 1
+    docs = [rows(d, cu_d, j, max_d) for j in range(Nd)]
+    valid = torch.tensor([x is not None for x in docs])
+    lengths = torch.tensor([0 if x is None else len(x) for x in docs])
+    width = max(1, int(lengths.max()))
+    padded = torch.zeros(Nd, width, d.shape[1], dtype=torch.float64, device=d.device)  # [Nd, L, d]
+    for j, x in enumerate(docs):
+        if x is not None and len(x):
+            padded[j, :len(x)] = x.double()
+    real = (torch.arange(width)[None, :] < lengths[:, None]).to(d.device)  # [Nd, L]
+    out = torch.full((Nq, Nd), NAN)
+    for i in range(Nq):
+        qi = rows(q, cu_q, i, max_q)
+        if qi is None:
+            continue
+        if len(qi) == 0:
+            out[i] = torch.where(valid, 0.0, NAN)
+            continue
+        sims = torch.einsum("sd,jtd->jst", qi.double(), padded)  # [Nd, Lq, L]
+        best = sims.masked_fill(~real[:, None, :], float("-inf")).amax(-1)  # [Nd, Lq]
+        score = torch.where(lengths.to(d.device) > 0, best.sum(-1), 0.0).float().cpu()
+        out[i] = torch.where(valid, score, NAN)
+    return out
+
+
 def expected_scores(q, d, cu_q, cu_d, max_q, max_d, pairs=None):
     """Per (query, document): the reference on the sequences' rows, NaN where the query or the
     document lies outside the data, has decreasing offsets or passes its max length."""
@@ -34,14 +62,17 @@ def expected_scores(q, d, cu_q, cu_d, max_q, max_d, pairs=None):
             return None
         return x[lo:hi].float()
 
-    q, d = q.detach().cpu(), d.detach().cpu()
     Nq, Nd = len(cu_q) - 1, len(cu_d) - 1
-    out = torch.full((Nq, Nd), NAN)
-    for i in range(Nq):
-        for j in range(Nd):
-            qi, dj = rows(q, cu_q, i, max_q), rows(d, cu_d, j, max_d)
-            if qi is not None and dj is not None:
-                out[i, j] = maxsim_reference(qi, dj) if len(qi) and len(dj) else 0.0
+    if q.is_cuda:
+        out = _expected_on_gpu(q.detach(), d.detach(), cu_q, cu_d, rows, max_q, max_d)
+    else:
+        q, d = q.detach().cpu(), d.detach().cpu()
+        out = torch.full((Nq, Nd), NAN)
+        for i in range(Nq):
+            for j in range(Nd):
+                qi, dj = rows(q, cu_q, i, max_q), rows(d, cu_d, j, max_d)
+                if qi is not None and dj is not None:
+                    out[i, j] = maxsim_reference(qi, dj) if len(qi) and len(dj) else 0.0
     if pairs is None:
         return out
     pq, pd = pairs
