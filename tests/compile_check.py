@@ -39,7 +39,6 @@ from maxsim.varlen.stream import _maxsim_varlen_stream_kernel
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
-from maxsim.compressed.forward import _residual_fwd_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -170,9 +169,10 @@ def varlen_variants():
     yield "varlen cross fp32 tf32x3", _maxsim_varlen_cross_kernel, dict(vc, BM=128, BK=64, NUM_K=2, SEG=32,
                                                                        DOT_PRECISION="tf32x3"), \
         dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 8
-    sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024)
+    sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False)
     del sc["SAVE_ARGMAX"]
-    sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32")
+    sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32",
+                 codes_ptr="fp16", cent_ptr="fp16", w_ptr="fp16")
     yield "varlen stream 1 query", _maxsim_varlen_stream_kernel, sc, sptrs, 1
     yield "varlen stream int8", _maxsim_varlen_stream_kernel, dict(sc, SCALED=True), dict(sptrs, d_ptr="i8"), 1
     yield "varlen stream fp8 (bytes), 32 queries", _maxsim_varlen_stream_kernel, \
@@ -222,20 +222,23 @@ def head_variants():
 
 
 def compressed_variants():
-    """The fused residual decode (maxsim/compressed/forward.py): one query against a 2- and a 4-bit
-    index (d = 128), every nbits, normalize and argmax, many stacked rows, fp32 decode."""
-    base = dict(BM=32, BN=64, BD=128, SEG=32, NBITS=2, HAS_QMASK=False, NORMALIZE=True, SAVE_ARGMAX=False,
-                DOT_PRECISION="tf32")
-    ptrs = dict(q_ptr="fp16", qmask_ptr="i1", codes_ptr="i32", res_ptr="u8", starts_ptr="i64", ends_ptr="i64",
-                cent_ptr="fp16", w_ptr="fp16", out_ptr="fp32", argmax_ptr="i32")
-    for nbits in (1, 2, 4, 8):  # the table's one-query tile: BN 64, 8 warps, one stage
-        yield f"residual fwd one query nbits={nbits}", _residual_fwd_kernel, dict(base, NBITS=nbits), ptrs, 8, 1
-    yield "residual fwd one query nbits=2 raw", _residual_fwd_kernel, dict(base, NORMALIZE=False), ptrs, 8, 1
-    yield "residual fwd int64 codes q_mask argmax", _residual_fwd_kernel, \
-        dict(base, NBITS=4, HAS_QMASK=True, SAVE_ARGMAX=True), dict(ptrs, codes_ptr="i64"), 8, 1
-    yield "residual fwd 128 stacked rows", _residual_fwd_kernel, dict(base, BM=128, NBITS=2), ptrs, 8, 2
-    yield "residual fwd fp32 decode ieee", _residual_fwd_kernel, dict(base, BN=32, DOT_PRECISION="ieee"), \
-        dict(ptrs, q_ptr="fp32", cent_ptr="fp32", w_ptr="fp32"), 4, 1
+    """The packed stream kernel decoding residual tokens on chip (maxsim/varlen/stream.py, launched
+    by maxsim/compressed/forward.py): one query against 1-, 2-, 4- and 8-bit indexes (d = 128),
+    raw (no normalize), int64 codes, many stacked rows, fp32 decode."""
+    base = dict(BM=32, BN=64, BK=128, NUM_K=1, SEG=32, EVEN_K=True, SCALED=False, FP8=False, DOT_PRECISION="tf32",
+                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True)
+    ptrs = dict(q_ptr="fp16", d_ptr="u8", scale_ptr="fp16", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32",
+                codes_ptr="i32", cent_ptr="fp16", w_ptr="fp16")
+    for nbits in (1, 2, 4, 8):  # the table's tile: BN 64, four warps (the decoded tile needs them)
+        yield f"residual stream one query nbits={nbits}", _maxsim_varlen_stream_kernel, dict(base, NBITS=nbits), \
+            ptrs, 4, 2
+    yield "residual stream one query nbits=2 raw", _maxsim_varlen_stream_kernel, dict(base, NORMALIZE=False), \
+        ptrs, 4, 2
+    yield "residual stream int64 codes", _maxsim_varlen_stream_kernel, dict(base, NBITS=4), \
+        dict(ptrs, codes_ptr="i64"), 4, 2
+    yield "residual stream 128 stacked rows", _maxsim_varlen_stream_kernel, dict(base, BM=128), ptrs, 4, 2
+    yield "residual stream fp32 decode ieee", _maxsim_varlen_stream_kernel, \
+        dict(base, BN=16, DOT_PRECISION="ieee"), dict(ptrs, q_ptr="fp32", cent_ptr="fp32", w_ptr="fp32"), 4, 2
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
@@ -244,7 +247,7 @@ EXPECT_WGMMA = {
     "fwd masks+multiply+normalize", "fwd argmax (training)", "fwd argmax in-batch 128-token queries",
     "fwd argmax running max", "fwd TMA short stacked (32q x 100K)", "fwd TMA long query in-batch",
     "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
-    "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual fwd 128 stacked rows",
+    "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual stream 128 stacked rows",
     "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
     "varlen cross fp32 tf32x3",
 }

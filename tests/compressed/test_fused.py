@@ -1,5 +1,7 @@
-"""The fused residual kernel (maxsim/compressed/forward.py) against the chunked path (decode, then
-maxsim) and an independent float64 loop over decoded tokens.
+"""Residual (PLAID) tokens decoded on chip by the packed stream kernel (maxsim/compressed/forward.py,
+maxsim/varlen/stream.py) against the chunked path (decode, then maxsim) and an independent float64
+loop over decoded tokens; the calls the kernel does not take (padded documents, gradients) on the
+chunked path.
 
 Without a GPU the kernel runs in Triton's interpreter (MAXSIM_BACKEND=triton); the chunked path is
 the oracle, run under MAXSIM_BACKEND=reference.
@@ -26,6 +28,17 @@ NBITS = (1, 2, 4, 8)
 @pytest.fixture(autouse=True)
 def _kernels(monkeypatch):
     monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+
+
+@pytest.fixture
+def on_chip(monkeypatch):
+    """How many calls reached the stream kernel's on-chip decode."""
+    from maxsim.compressed import scoring
+
+    calls = []
+    real = scoring.residual_stream_forward
+    monkeypatch.setattr(scoring, "residual_stream_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
 
 
 def _codec(nbits, dim, num_centroids=40):
@@ -79,7 +92,7 @@ def _tolerance(dtype, normalize):
 @pytest.mark.parametrize("nbits", NBITS)
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_varlen_matches_chunked(monkeypatch, nbits, normalize, dtype):
+def test_varlen_matches_chunked(monkeypatch, on_chip, nbits, normalize, dtype):
     codec = _codec(nbits, dim=32)
     lengths = [5, 0, 17, 1, 33, 16, 0]  # ragged, empty, one token, tile edges (BN 16 in the interpreter)
     codes, residuals, cu = _corpus(codec, lengths)
@@ -96,10 +109,11 @@ def test_varlen_matches_chunked(monkeypatch, nbits, normalize, dtype):
     oracle = _loop_oracle(Q.to(dtype), decoded, cu.cpu(), q_mask).float()
     torch.testing.assert_close(got.cpu(), oracle, **_tolerance(dtype, normalize))
     assert torch.all(got[:, 1] == 0) and torch.all(got[:, 6] == 0) and torch.all(got[2] == 0)
+    assert len(on_chip) == 1
 
 
 @pytest.mark.parametrize("nbits,dim", [(8, 24), (1, 8), (2, 40), (4, 72)])
-def test_dims_not_a_power_of_two(monkeypatch, nbits, dim):
+def test_dims_not_a_power_of_two(monkeypatch, on_chip, nbits, dim):
     """d padded to the next power of two on chip (and d = 8 to the dot's 16)."""
     codec = _codec(nbits, dim)
     lengths = [3, 20, 9]
@@ -108,6 +122,7 @@ def test_dims_not_a_power_of_two(monkeypatch, nbits, dim):
     got = maxsim_residual_varlen(Q, codes, residuals, cu, codec)
     expected = _chunked(monkeypatch, maxsim_residual_varlen, Q, codes, residuals, cu, codec)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
+    assert len(on_chip) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -142,7 +157,7 @@ def test_padded_with_lengths_junk_padding_and_2d_query(monkeypatch, dtype):
                                atol=1e-6, rtol=1e-6)
 
 
-def test_long_query_chunks_and_int64_codes(monkeypatch):
+def test_long_query_chunks_and_int64_codes(monkeypatch, on_chip):
     """Lq = 70 > BM (64 in the interpreter): the query is cut into chunks whose sums are added."""
     codec = _codec(4, 32)
     lengths = [12, 40, 1]
@@ -151,11 +166,13 @@ def test_long_query_chunks_and_int64_codes(monkeypatch):
     got = maxsim_residual_varlen(Q, codes, residuals, cu, codec)
     expected = _chunked(monkeypatch, maxsim_residual_varlen, Q, codes, residuals, cu, codec)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=2e-5)
+    assert len(on_chip) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
-def test_gradients_for_q(monkeypatch, dtype, normalize):
+def test_gradients_for_q(monkeypatch, on_chip, dtype, normalize):
+    """A Q that needs a gradient takes the chunked path (the stream kernel saves no argmax)."""
     codec = _codec(2, 32)
     lengths = [6, 0, 21, 3]
     codes, residuals, cu = _corpus(codec, lengths)
@@ -168,7 +185,7 @@ def test_gradients_for_q(monkeypatch, dtype, normalize):
     Q_ref = Q0.clone().requires_grad_(True)
     (_chunked(monkeypatch, maxsim_residual_varlen, Q_ref, codes, residuals, cu, codec, q_mask=q_mask,
               normalize=normalize, decode_dtype=dtype) * weights).sum().backward()
-    assert Q.grad.dtype == Q.dtype
+    assert Q.grad.dtype == Q.dtype and not on_chip
     # With fp16 decode both gradients are rounded to fp16 once, after sums taken in different
     # orders: one fp16 step apart at most (a wrong winner would move an entry by a whole token).
     grad_tol = dict(atol=1e-3, rtol=1e-3) if dtype == torch.float16 else _tolerance(dtype, normalize)
@@ -201,13 +218,13 @@ def test_padded_gradients_for_2d_query(monkeypatch):
     torch.testing.assert_close(Q.grad, Q_ref.grad, atol=2e-5, rtol=2e-5)
 
 
-def test_bad_code_scores_nan_in_its_document_only(monkeypatch):
+def test_bad_code_scores_nan_in_its_document_only(monkeypatch, on_chip):
     codec = _codec(2, 32)
     codes, residuals, cu = _corpus(codec, [4, 5, 6])
     codes[6] = codec.num_centroids  # in document 1
     Q = torch.randn(2, 3, codec.dim, device=KERNEL_DEVICE)
     got = maxsim_residual_varlen(Q, codes, residuals, cu, codec)
-    assert torch.isnan(got[:, 1]).all() and torch.isfinite(got[:, [0, 2]]).all()
+    assert torch.isnan(got[:, 1]).all() and torch.isfinite(got[:, [0, 2]]).all() and len(on_chip) == 1
     with pytest.raises(ValueError, match="codes"):  # the PyTorch backend checks the codes first
         _chunked(monkeypatch, maxsim_residual_varlen, Q, codes, residuals, cu, codec)
 
@@ -266,11 +283,14 @@ def test_selection():
     assert choice.config["BN"] * 128 <= 8192
     wide = select.forward_choice(1, 32, 2048, torch.float16, "packed", False, True, False, "sm90")
     assert wide.kernel is specs.CHUNKED_DECODE and "d = 2048" in wide.rejected[0][1]
-    interp = select.forward_choice(4, 32, 128, torch.float32, "padded", True, True, True, "interpreter")
-    assert interp.config["BN"] <= 16 and interp.config["num_stages"] == 1
+    interp = select.forward_choice(4, 32, 128, torch.float32, "packed", True, True, False, "interpreter")
+    assert interp.kernel is specs.FUSED_FORWARD and interp.config["num_stages"] == 1
+    for layout, argmax in (("padded", False), ("packed", True)):  # padded documents, training
+        other = select.forward_choice(4, 32, 128, torch.float16, layout, False, True, argmax, "sm90")
+        assert other.kernel is specs.CHUNKED_DECODE
     codec = _codec(2, 32)
     text = str(select.explain_residual(torch.randn(32, 32), codec, num_docs=10, gpu="sm90"))
-    assert "compressed.fused_forward" in text and "not compressed.chunked_decode" in text
+    assert "compressed.stream_forward" in text and "not compressed.chunked_decode" in text
 
 
 @pytest.mark.gpu
@@ -307,18 +327,22 @@ def test_gpu_one_query_100k_documents(nbits):
 
 
 @pytest.mark.gpu
-def test_gpu_padded_many_queries_fp32_decode(monkeypatch):
-    """32 queries (stacked rows) x 20K padded documents, fp32 decode, q_mask: fused = chunked."""
+def test_gpu_many_queries_fp32_decode(monkeypatch, on_chip):
+    """32 queries (stacked rows) x 20K packed documents of 0-64 tokens, fp32 decode, q_mask: the
+    stream kernel's decode = chunked."""
     codec = _codec(2, 128, num_centroids=4096).to("cuda")
-    codes = torch.randint(0, 4096, (20_000, 64), dtype=torch.int32, device="cuda")
-    residuals = torch.randint(0, 256, (20_000, 64, codec.packed_dim), dtype=torch.uint8, device="cuda")
     lengths = torch.randint(0, 65, (20_000,), device="cuda")
+    cu = torch.zeros(20_001, dtype=torch.int64, device="cuda")
+    cu[1:] = torch.cumsum(lengths, 0)
+    codes = torch.randint(0, 4096, (int(cu[-1]),), dtype=torch.int32, device="cuda")
+    residuals = torch.randint(0, 256, (int(cu[-1]), codec.packed_dim), dtype=torch.uint8, device="cuda")
     Q = torch.nn.functional.normalize(torch.randn(32, 32, 128, device="cuda"), dim=-1)
     q_mask = torch.rand(32, 32, device="cuda") > 0.2
-    got = maxsim_residual(Q, codes, residuals, codec, lengths, q_mask=q_mask, decode_dtype=torch.float32)
-    expected = _chunked(monkeypatch, maxsim_residual, Q, codes, residuals, codec, lengths, q_mask=q_mask,
+    got = maxsim_residual_varlen(Q, codes, residuals, cu, codec, q_mask=q_mask, decode_dtype=torch.float32)
+    expected = _chunked(monkeypatch, maxsim_residual_varlen, Q, codes, residuals, cu, codec, q_mask=q_mask,
                         decode_dtype=torch.float32)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+    assert len(on_chip) == 1
 
 
 def test_gpu_calls_stay_on_the_verified_path_until_opted_in(monkeypatch):

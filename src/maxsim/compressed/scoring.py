@@ -1,14 +1,14 @@
 """MaxSim on residual-compressed documents, and PLAID's centroid-only approximate score.
 
-``maxsim_residual`` / ``maxsim_residual_varlen`` have two backends, chosen as for every maxsim
-function (:func:`maxsim._dispatch.backend_for`; the path by :mod:`maxsim.selection.compressed`):
+``maxsim_residual`` / ``maxsim_residual_varlen`` choose their path as every maxsim function does
+(:func:`maxsim._dispatch.backend_for`; the path by :mod:`maxsim.selection.compressed`):
 
-- Triton (CUDA tensors, or ``MAXSIM_BACKEND=triton`` in the interpreter): the fused kernel of
-  :mod:`maxsim.compressed.forward` decodes each document tile on chip and scores it; gradients for
-  Q come from its saved argmax, the winners decoded again (:func:`winners_grad_q`).
-- PyTorch (CPU tensors; the tests' oracle): documents decoded a bounded chunk at a time and each
-  chunk scored with the public ``maxsim.maxsim`` / ``maxsim.maxsim_varlen``, so no dense
-  ``[Nd, Ld, d]`` corpus is ever built and gradients flow to Q through them.
+- Packed documents on the Triton backend, for inference (no gradient): the packed stream kernel
+  decodes each tile of tokens on chip and scores it (:mod:`maxsim.compressed.forward`).
+- Otherwise (padded documents, a Q that needs a gradient, the PyTorch backend; the tests'
+  oracle): documents decoded a bounded chunk at a time and each chunk scored with the public
+  ``maxsim.maxsim`` / ``maxsim.maxsim_varlen``, so no dense ``[Nd, Ld, d]`` corpus is ever built
+  and gradients flow to Q through them.
 
 Documents are normalised after decoding (``normalize=``); Q is used as given (ColBERT queries are
 already unit vectors).
@@ -26,7 +26,7 @@ from maxsim.selection.common import device_of
 from . import specs as _specs
 from ._inputs import check_cu_seqlens, check_q_mask, check_query
 from .codec import ResidualCodec
-from .forward import decode_tables, residual_forward
+from .forward import residual_stream_forward
 
 # Scratch budget for the decoded documents of one chunk.
 _DECODE_CHUNK_BYTES = 64 << 20
@@ -77,9 +77,8 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
     doc_lengths [Nd] (tokens past a document's length are padding; None = all real).
     Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q). Empty documents score 0. decode_dtype: fp16 or fp32
     tiles (default fp16 for an fp16 Q, else fp32; Q is cast to it). Differentiable in Q.
-    On the Triton backend the fused kernel decodes on chip (keep codes and residuals on Q's device:
-    others are copied there whole); a code outside [0, C) makes its document's scores NaN there
-    (the PyTorch backend raises).
+    Documents are decoded a bounded chunk at a time and scored by ``maxsim.maxsim`` (packed
+    documents, ``maxsim_residual_varlen``, are decoded on chip on the Triton backend).
     """
     Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 2, "[Nd, Ld]")
     num_docs, doc_len = codes.shape
@@ -93,13 +92,6 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
         doc_lengths = doc_lengths.to(device)
         if num_docs and (bool((doc_lengths < 0).any()) or bool((doc_lengths > doc_len).any())):
             raise ValueError(f"doc_lengths must lie in [0, {doc_len}] (codes.shape[1])")
-    if backend_for(device) == "triton":
-        starts = torch.arange(num_docs, device=device, dtype=torch.int64) * doc_len  # [Nd]
-        ends = starts + (doc_len if doc_lengths is None else doc_lengths.to(torch.int64))
-        out = _fused(Q, q_mask, codes.reshape(-1), residuals.reshape(-1, codec.packed_dim), starts, ends, codec,
-                     dtype, normalize, "padded")
-        if out is not None:
-            return out[0] if single_query else out
     codec = codec.to(device) if codec.device != device else codec
     Q_cast = Q.to(dtype)
     scores = []
@@ -125,15 +117,17 @@ def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seql
 
     Q [Nq, Lq, d] (or [Lq, d]); codes [T] int; residuals [T, packed_dim] uint8; cu_seqlens_d
     [Nd + 1] (document i is tokens cu[i]:cu[i+1]). Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q).
-    Empty documents score 0; differentiable in Q; backends as :func:`maxsim_residual`.
+    Empty documents score 0; differentiable in Q. On the Triton backend, without a gradient, the
+    packed stream kernel decodes each tile on chip (keep codes and residuals on Q's device: others
+    are copied there whole); a code outside [0, C) makes its document's scores NaN there (the
+    PyTorch backend raises). Otherwise documents are decoded a bounded chunk at a time.
     """
     Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 1, "[T]")
     cu = check_cu_seqlens(cu_seqlens_d, codes.shape[0])
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
     if backend_for(device) == "triton":
-        cu_device = cu.to(device)
-        out = _fused(Q, q_mask, codes, residuals, cu_device[:-1], cu_device[1:], codec, dtype, normalize, "packed")
+        out = _on_chip(Q, q_mask, codes, residuals, cu, codec, dtype, normalize)
         if out is not None:
             return out[0] if single_query else out
     codec = codec.to(device) if codec.device != device else codec
@@ -173,70 +167,25 @@ def _check_flag(name, value):
         raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
-# ---------------------------------------------------------------------- the fused path
-class _FusedResidual(torch.autograd.Function):
-    """The fused forward, saving the argmax; the backward decodes each winner again."""
+# ---------------------------------------------------------------------- decoded on chip
+def _on_chip(Q, q_mask, codes, residuals, cu, codec, dtype, normalize):
+    """Scores [Nq, Nd] from the stream kernel's on-chip decode, or None where the selection sends
+    the call to the chunked path (a gradient, a switch, a call the kernel does not take)."""
+    from maxsim.search.topk import packed_queries  # (at call time: maxsim.search imports this package)
 
-    @staticmethod
-    def forward(ctx, Q, q_mask, codes, residuals, starts, ends, centroids, weights, codec, config, normalize):
-        scores, argmax = residual_forward(Q, q_mask, codes, residuals, starts, ends, centroids, weights, codec.nbits,
-                                          config=config, normalize=normalize, save_argmax=True)
-        ctx.save_for_backward(argmax, codes, residuals, starts)
-        ctx.codec, ctx.normalize, ctx.decode_dtype = codec, normalize, Q.dtype
-        ctx.set_materialize_grads(False)
-        return scores
-
-    @staticmethod
-    def backward(ctx, grad_scores):
-        if grad_scores is None:
-            return (None,) * 11
-        argmax, codes, residuals, starts = ctx.saved_tensors
-        grad_q = winners_grad_q(grad_scores, argmax, codes, residuals, starts, ctx.codec, ctx.normalize,
-                                ctx.decode_dtype)
-        return (grad_q,) + (None,) * 10
-
-
-def winners_grad_q(grad_scores, argmax, codes, residuals, starts, codec, normalize, dtype):
-    """grad_Q [Nq, Lq, d] (in ``dtype``) = sum over documents j of grad[i, j] * the decoded winner
-    of query token (i, s) in j (argmax [Nq, Nd, Lq], -1: no winner); winners decoded again from
-    their codes and residuals, a bounded chunk of documents at a time."""
-    num_queries, num_docs, query_len = argmax.shape
-    device = argmax.device
-    codec = codec.to(device) if codec.device != device else codec
-    grad = torch.zeros(num_queries, query_len, codec.dim, dtype=torch.float32, device=device)
-    per_doc = max(1, num_queries * query_len * codec.dim * 8)  # decoded winners + their fp32 copy
-    step = max(1, _DECODE_CHUNK_BYTES // per_doc)
-    grad_scores = grad_scores.float()
-    for j0 in range(0, num_docs, step):
-        j1 = min(num_docs, j0 + step)
-        winner = argmax[:, j0:j1, :].long()  # [Nq, n, Lq]
-        won = winner >= 0
-        token = starts[j0:j1].view(1, -1, 1) + winner.clamp_min(0)  # [Nq, n, Lq] rows of codes
-        decoded = codec.decode(codes[token], residuals[token], normalize=normalize, dtype=dtype)  # [Nq, n, Lq, d]
-        weight = grad_scores[:, j0:j1, None] * won  # [Nq, n, Lq]
-        grad += torch.einsum("inl,inld->ild", weight, decoded.float())
-    return grad.to(dtype)
-
-
-def _fused(Q, q_mask, codes, residuals, starts, ends, codec, dtype, normalize, layout):
-    """The fused kernel's scores [Nq, Nd] for Q [Nq, Lq, d] (None: the selection sends the call to
-    the chunked path). starts/ends [Nd] int64 on Q's device: document j is tokens starts[j]:ends[j]."""
     device = Q.device
     num_queries, query_len, dim = Q.shape
     needs_grad = torch.is_grad_enabled() and Q.requires_grad
-    choice = _select.forward_choice(num_queries, query_len, dim, dtype, layout, q_mask is not None, normalize,
+    choice = _select.forward_choice(num_queries, query_len, dim, dtype, "packed", q_mask is not None, normalize,
                                     needs_grad, device_of(Q)[1])
-    if choice.kernel is not _specs.FUSED_FORWARD:
+    if choice.kernel is not _specs.FUSED_FORWARD or query_len == 0:
         return None
-    codes, residuals = codes.to(device), residuals.to(device)
-    centroids, weights = decode_tables(codec, dtype, device)
-    Q_cast = Q.to(dtype)
-    if needs_grad:
-        return _FusedResidual.apply(Q_cast, q_mask, codes, residuals, starts, ends, centroids, weights, codec,
-                                    choice.config, normalize)
-    scores, _ = residual_forward(Q_cast, q_mask, codes, residuals, starts, ends, centroids, weights, codec.nbits,
-                                 config=choice.config, normalize=normalize, save_argmax=False)
-    return scores
+    q_packed, cu_q, _, max_q = packed_queries(Q.to(dtype), q_mask)  # masked query tokens left out
+    if max_q == 0:
+        return None
+    cu_device = cu.to(device)
+    return residual_stream_forward(q_packed.contiguous(), cu_q, max_q, codes.to(device), residuals.to(device),
+                                   cu_device, codec, dtype, normalize, config=choice.config)
 
 
 def centroid_scores(Q, codec):

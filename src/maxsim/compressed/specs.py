@@ -11,27 +11,22 @@ from maxsim._capability import KernelSpec
 # error is several times larger, close to 1e-3 of a score.
 DECODE_DTYPES = (torch.float16, torch.float32)
 
-# The fused kernel decodes whole tokens on chip (a [BN, next_pow2(d)] tile: the L2 norm needs every
+# The stream kernel decodes whole tokens on chip (a [BN, next_pow2(d)] tile: the L2 norm needs every
 # dimension at once), so d is bounded by the registers that tile takes.
 MAX_FUSED_D = 1024
 
 FUSED_FORWARD = KernelSpec(
-    "compressed.fused_forward",
-    "Triton: each document tile's codes and residual bytes read, unpacked in registers, centroids "
-    "gathered (L2), decoded, optionally L2-normalised and scored on chip; no decoded corpus in memory",
+    "compressed.stream_forward",
+    "Triton: the packed stream kernel on residual tokens: each tile's codes and residual bytes read, "
+    "unpacked in registers, centroids gathered (L2), decoded, optionally L2-normalised and scored on "
+    "chip; no decoded corpus in memory",
     dtypes=DECODE_DTYPES,
-    layouts=("padded", "packed"),
+    layouts=("packed",),
+    argmax=False,
 )
 CHUNKED_DECODE = KernelSpec(
     "compressed.chunked_decode",
     "PyTorch: ResidualCodec.decode a bounded chunk (64 MB) at a time, then maxsim.maxsim / maxsim_varlen",
-    dtypes=DECODE_DTYPES,
-    layouts=("padded", "packed"),
-)
-WINNERS_BACKWARD = KernelSpec(
-    "compressed.winners_backward",
-    "PyTorch: each query token's winning document token (the saved argmax) decoded again from its "
-    "code and residual, grad_Q = sum over documents of grad * winner (chunked)",
     dtypes=DECODE_DTYPES,
     layouts=("padded", "packed"),
 )

@@ -1,11 +1,12 @@
 """Selection for MaxSim on residual-compressed documents (``maxsim.maxsim_residual`` and
-``maxsim_residual_varlen``): the fused decode-and-score kernel or the chunked PyTorch path, the
-kernel's tile, and the backward.
+``maxsim_residual_varlen``): the packed stream kernel's on-chip decode or the chunked PyTorch path,
+and the kernel's tile.
 
-On the Triton backend (CUDA tensors, or ``MAXSIM_BACKEND=triton`` in the interpreter) the fused
-kernel (:mod:`maxsim.compressed.forward`) runs every call its declaration covers; the chunked path
-(decode 64 MB at a time, then ``maxsim.maxsim``) is the PyTorch backend and the tests' oracle.
-Tiles come from :data:`maxsim.tuning.tables.COMPRESSED_FORWARD_SM90`.
+On the Triton backend (CUDA tensors, or ``MAXSIM_BACKEND=triton`` in the interpreter) the stream
+kernel (:mod:`maxsim.compressed.forward`) runs the calls its declaration covers (packed documents,
+inference); the chunked path (decode 64 MB at a time, then ``maxsim.maxsim`` / ``maxsim_varlen``)
+runs the rest and is the tests' oracle. Tiles: :data:`maxsim.tuning.tables.COMPRESSED_STREAM_SM90`,
+BN capped so that the decoded tile fits.
 """
 
 from __future__ import annotations
@@ -15,31 +16,22 @@ import functools
 import torch
 
 from maxsim.compressed import specs
-from maxsim.selection.common import Choice, call_of, device_of, not_yet_on_gpu
+from maxsim.selection.common import Choice, call_of, clamp, device_of, not_yet_on_gpu
 from maxsim.tuning import tables as T
 from maxsim.tuning.rules import first_match, next_pow2, tile_of
 
 
-def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, argmax: bool) -> dict:
-    """The bucketed features the table matches on (powers of two of Nq and Lq)."""
+def features(Nq: int, Lq: int, d: int, dtype: torch.dtype) -> dict:
+    """The bucketed features the stream table matches on (powers of two of Nq and Lq)."""
     seg = next_pow2(max(Lq, 1))
-    return dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=d, rows=seg * next_pow2(max(Nq, 1)),
-                seg=seg, argmax=argmax, lq=Lq)
+    return dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=d, rows=seg * next_pow2(max(Nq, 1)))
 
 
 def _clamp(tile: dict, family: str, d: int) -> dict:
     """The sm90 tile as run on ``family``, BN capped so that the decoded tile fits registers."""
     BD = max(16, next_pow2(d))
     tile = {**tile, "BN": max(16, min(tile["BN"], T.COMPRESSED_TILE_ELEMENTS // BD))}
-    if family == "sm90":
-        return tile
-    if family == "interpreter":
-        c = T.COMPRESSED_INTERPRETER_CLAMP
-        return {**tile, "BM": min(tile["BM"], c["BM_MAX"]), "BN": min(tile["BN"], c["BN_MAX"]),
-                "num_warps": c["num_warps"], "num_stages": c["num_stages"], "waves": c["waves"]}
-    c = T.COMPRESSED_UNMEASURED_CLAMP
-    return {**tile, "BM": min(tile["BM"], c["BM_MAX"]), "BN": min(tile["BN"], c["BN_MAX"]),
-            "num_stages": min(tile["num_stages"], c["STAGES_MAX"])}
+    return clamp(tile, family, varlen=True)
 
 
 def forward_choice(Nq: int, Lq: int, d: int, dtype: torch.dtype, layout: str, masked: bool, normalize: bool,
@@ -50,8 +42,8 @@ def forward_choice(Nq: int, Lq: int, d: int, dtype: torch.dtype, layout: str, ma
                      family)
     unverified = not_yet_on_gpu(specs.FUSED_FORWARD, family) if choice.kernel is specs.FUSED_FORWARD else None
     if unverified is not None:  # (read on every call, outside the cache: the switch may change)
-        return Choice(specs.CHUNKED_DECODE, dict(chunk_bytes=64 << 20), "the fused kernel is not yet verified on "
-                      "GPUs", "-", ((specs.FUSED_FORWARD.name, unverified),))
+        return Choice(specs.CHUNKED_DECODE, dict(chunk_bytes=64 << 20), "the stream kernel's residual decode is "
+                      "not yet verified on GPUs", "-", ((specs.FUSED_FORWARD.name, unverified),))
     return choice
 
 
@@ -63,19 +55,14 @@ def _choice(nq, lq, d, dtype, layout, masked, normalize, argmax, family) -> Choi
     if why_not is None and d > specs.MAX_FUSED_D:
         why_not = f"decodes whole tokens on chip for d <= {specs.MAX_FUSED_D}, not d = {d} (the tile would spill)"
     if why_not is not None:
-        return Choice(chunked, dict(chunk_bytes=64 << 20), "the fused kernel cannot run the call", "-",
+        return Choice(chunked, dict(chunk_bytes=64 << 20), "the stream kernel cannot run the call", "-",
                       ((fused.name, why_not),))
-    f = features(nq, lq, d, dtype, argmax)
-    rule = first_match(T.COMPRESSED_FORWARD_SM90, f)
+    f = features(nq, lq, d, dtype)
+    rule = first_match(T.COMPRESSED_STREAM_SM90, f)
     config = _clamp(tile_of(rule, f), family, d)
     return Choice(fused, config, rule.name, rule.record,
-                  ((chunked.name, ("the Triton backend runs the fused kernel: decoding in chunks writes each "
+                  ((chunked.name, ("the Triton backend decodes on chip: decoding in chunks writes each "
                                    "chunk's decoded tokens to memory and reads them back")),))
-
-
-def backward_choice() -> Choice:
-    return Choice(specs.WINNERS_BACKWARD, dict(chunk_bytes=64 << 20), "the only backward of the fused forward",
-                  "not tuned")
 
 
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
@@ -110,5 +97,4 @@ def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=
                                           f"tensors on {Q.device}: the PyTorch backend", "-"),
                            None, f"PyTorch (tensors on {Q.device}; pass gpu='sm90' to see a GPU's plan)")
     fwd = forward_choice(Nq, Lq, codec.dim, dtype, layout, q_mask is not None, normalize, requires_grad, family)
-    bwd = backward_choice() if fwd.kernel is specs.FUSED_FORWARD else None
-    return Explanation(header, fwd, bwd, "Triton kernels" + (f", as {family} would run them" if gpu else ""))
+    return Explanation(header, fwd, None, "Triton kernels" + (f", as {family} would run them" if gpu else ""))

@@ -232,28 +232,18 @@ CHAMFER_BACKWARD = (
 CHAMFER_UNMEASURED_CLAMP = dict(BM_MAX=64, BN_MAX=64, STAGES_MAX=2)
 CHAMFER_INTERPRETER_CLAMP = dict(BM_MAX=16, BN_MAX=16, BR_MAX=16, num_warps=4, num_stages=1)
 
-# --- fused residual decode (maxsim_residual, maxsim_residual_varlen) -----------------------------
+# --- residual decode on chip (maxsim_residual_varlen) -------------------------------------------
 
-# BM: stacked query rows a program; BN: document tokens a tile, each decoded on chip into a
-# [BN, next_pow2(d)] tile (centroids gathered from L2, residual bits unpacked in registers) before
-# the dot; waves: programs per SM. BN is capped so that the decoded tile stays in registers
-# (BN * next_pow2(d) <= COMPRESSED_TILE_ELEMENTS). Fixed starting points, to be measured.
-
-_T = dict  # (readability)
-COMPRESSED_FORWARD_SM90 = (
-    # one stage: at two, ptxas spills 4 KB a thread (tests/compile_check.py)
+# The packed stream kernel on residual tokens. Each tile's decoded tokens [BN, next_pow2(d)]
+# (centroids gathered from L2, residual bits unpacked in registers) stay in registers, so the tile
+# takes more warps than the stream's own one-query tile, and BN * next_pow2(d) <=
+# COMPRESSED_TILE_ELEMENTS. Starting points without spills in tests/compile_check.py; not yet timed.
+COMPRESSED_STREAM_SM90 = (
     Rule("fp32 decode (IEEE dots on the FMA units)", When(dtype="fp32"),
-         _T(BM="rows<=128", BN=32, num_warps=4, num_stages=1, waves=4)),
-    Rule("many stacked query rows", When(rows=(128, INF)), _T(BM=128, BN=64, num_warps=8, num_stages=2, waves=2)),
-    # one stage: documents are a few tiles long, and the pipeline's buffers cost registers
-    # (tests/compile_check.py: 128 registers a thread here against 184-250 at three stages)
-    Rule("few query rows (bandwidth-bound)", When(), _T(BM="rows", BN=64, num_warps=8, num_stages=1, waves=4)),
+         _T(BM="rows<=128", BN=16, BK="d", num_warps=4, num_stages=2, waves=8)),
+    Rule("16-bit decode", When(), _T(BM="rows<=128", BN=64, BK="d", num_warps=4, num_stages=2, waves=8)),
 )
 COMPRESSED_TILE_ELEMENTS = 8192
-# Other GPUs than Hopper: the sm90 choice clamped; the interpreter: small tiles, so that the CPU
-# tests cross tile edges with short documents.
-COMPRESSED_UNMEASURED_CLAMP = dict(BM_MAX=128, BN_MAX=64, STAGES_MAX=2)
-COMPRESSED_INTERPRETER_CLAMP = dict(BM_MAX=64, BN_MAX=16, num_warps=4, num_stages=1, waves=1)
 
 # --- families ----------------------------------------------------------------------------------
 

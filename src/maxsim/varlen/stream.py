@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import cuda_index, interpreting
-from maxsim._kernels import max_nan, stacked_rows
+from maxsim._kernels import decode_residual_tile, max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 from maxsim.varlen.forward import _doc_rowmax, _load_query_block, seq_range
@@ -40,36 +40,47 @@ _CHECK_BLOCK = 1024
 def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, EVEN_K: tl.constexpr,
                  SCALED: tl.constexpr, FP8: tl.constexpr, INT8_TO_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 DOT_UPCAST: tl.constexpr):
-    """S [BM, BN] fp32 = Q rows . tokens t0 : t0 + BN (rows past t_hi read as 0), scaled per token."""
+                 DOT_UPCAST: tl.constexpr, RESIDUAL: tl.constexpr, codes_ptr, cent_ptr, w_ptr, num_centroids,
+                 packed_dim, NBITS: tl.constexpr, NORMALIZE: tl.constexpr):
+    """S [BM, BN] fp32 = Q rows . tokens t0 : t0 + BN (rows past t_hi read as 0), scaled per token.
+    RESIDUAL: the tokens are decoded on chip from their codes and residual bytes (d_ptr), one
+    [BN, BK] tile with BK >= d (NUM_K == 1)."""
     o_t = t0 + tl.arange(0, BN)  # [BN]
     m_t = o_t < t_hi
-    p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
-    o_k = tl.arange(0, BK)
     b_s = tl.zeros([BM, BN], dtype=tl.float32)
-    for kk in tl.static_range(NUM_K):
-        o_kk = kk * BK + o_k
-        if EVEN_K:
-            b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0)  # [BN, BK]
-        else:
-            b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0)
-        if FP8:  # e4m3 codes travel as their bytes (masked loads fill byte 0, +0.0)
-            b_d = b_d.to(tl.float8e4nv, bitcast=True)
-        if INT8_TO_FP16:
-            # x + 1152 has fp16 bits 0x6480 + x (exponent of 1024, x + 128 in the mantissa): integer
-            # adds and one fp16 subtraction instead of int-to-float conversions, which run at a
-            # fraction of the ALU rate. Exact for every int8.
-            b_d = (b_d.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
-        elif not DOT_UPCAST:  # (the interpreter widens straight to fp32: its bf16 casts are wrong)
-            b_d = b_d.to(Q_DTYPE)  # one-byte codes widen exactly (int8, e4m3 fit fp16 and bf16)
-        if NUM_K > 1:
-            b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
-        else:
-            b_qk = b_q
+    if RESIDUAL:
+        b_x = decode_residual_tile(cent_ptr, d_ptr, w_ptr, o_t.to(tl.int64), m_t, num_centroids, dim, packed_dim,
+                                   codes_ptr, BN, BK, NBITS, NORMALIZE)  # [BN, BK] in Q's dtype
         if DOT_UPCAST:
-            b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_x.to(tl.float32)), b_s, input_precision="ieee")
         else:
-            b_s = tl.dot(b_qk, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+            b_s = tl.dot(b_q, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
+    else:
+        p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
+        o_k = tl.arange(0, BK)
+        for kk in tl.static_range(NUM_K):
+            o_kk = kk * BK + o_k
+            if EVEN_K:
+                b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0)  # [BN, BK]
+            else:
+                b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0)
+            if FP8:  # e4m3 codes travel as their bytes (masked loads fill byte 0, +0.0)
+                b_d = b_d.to(tl.float8e4nv, bitcast=True)
+            if INT8_TO_FP16:
+                # x + 1152 has fp16 bits 0x6480 + x (exponent of 1024, x + 128 in the mantissa): integer
+                # adds and one fp16 subtraction instead of int-to-float conversions, which run at a
+                # fraction of the ALU rate. Exact for every int8.
+                b_d = (b_d.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+            elif not DOT_UPCAST:  # (the interpreter widens straight to fp32: its bf16 casts are wrong)
+                b_d = b_d.to(Q_DTYPE)  # one-byte codes widen exactly (int8, e4m3 fit fp16 and bf16)
+            if NUM_K > 1:
+                b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+            else:
+                b_qk = b_q
+            if DOT_UPCAST:
+                b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            else:
+                b_s = tl.dot(b_qk, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
     if SCALED:
         b_scale = tl.load(scale_ptr + o_t, mask=m_t, other=0.0)  # [BN] fp32
         b_s = b_s * b_scale[None, :]
@@ -91,20 +102,23 @@ def _store_score(out_ptr, b_max, keep, ok, j, i_chunk, o_qb, Nq, Nd, QPB: tl.con
     tl.store(out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j, b_score, mask=o_qb < Nq)
 
 
-@triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q", "max_d"])
+@triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q", "max_d",
+                               "num_centroids"])
 def _maxsim_varlen_stream_kernel(
     q_ptr, d_ptr, scale_ptr, cuq_ptr, cud_ptr, out_ptr,
-    Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q, max_d,
+    codes_ptr, cent_ptr, w_ptr,  # RESIDUAL: codes [Td], centroids [C, d] and field weights, in Q's dtype
+    Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q, max_d, num_centroids, packed_dim,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, SEG: tl.constexpr,
     EVEN_K: tl.constexpr, SCALED: tl.constexpr, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr, CHECK_BLOCK: tl.constexpr,
+    RESIDUAL: tl.constexpr, NBITS: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
     """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial sums
     per query chunk). A score whose query or document is invalid (see seq_range) is NaN."""
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
     Q_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
-    INT8_TO_FP16: tl.constexpr = (d_ptr.dtype.element_ty == tl.int8) and (Q_DTYPE == tl.float16)
+    INT8_TO_FP16: tl.constexpr = (d_ptr.dtype.element_ty == tl.int8) and (Q_DTYPE == tl.float16) and not RESIDUAL
     i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
     m_q = o_q < Nq
     q_lo, q_hi, q_ok = seq_range(tl.load(cuq_ptr + o_q, mask=m_q, other=0),
@@ -138,7 +152,8 @@ def _maxsim_varlen_stream_kernel(
         for t0 in range(t_lo, t_hi, BN):
             t1 = t0 + BN
             b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
-                               EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST)  # [BM, BN]
+                               EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
+                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE)  # [BM, BN]
             while (j < j_hi) & (hi <= t1):  # every document that ends in this tile
                 hi_next = tl.load(cud_ptr + j + 2, mask=j + 1 < j_hi, other=0)  # in flight during the max
                 b_max = max_nan(_range_max(b_s, t0, lo, hi, BN), b_carry)
@@ -160,7 +175,8 @@ def _maxsim_varlen_stream_kernel(
             b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
             for t0 in range(d_lo, d_hi, BN):
                 b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, d_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
-                                   EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST)
+                                   EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
+                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE)
                 b_max = max_nan(b_max, _range_max(b_s, t0, d_lo, d_hi, BN))
             _store_score(out_ptr, b_max, m_row & (d_hi > d_lo), b_qok & d_ok, j, i_chunk, o_qb, Nq, Nd, QPB, SEG)
 
@@ -174,6 +190,7 @@ def stream_forward(
     *,
     config: dict,
     scales: torch.Tensor | None = None,
+    residual: tuple | None = None,
     max_d: int | None = None,
     precision: str = "ieee",
 ) -> torch.Tensor:
@@ -184,11 +201,22 @@ def stream_forward(
     cu_q ``[Nq + 1]``, cu_d ``[Nd + 1]`` int64 on q's device; ``max_q`` bounds every query's
     length, ``max_d`` (None: no bound) every document's. A score whose query or document lies
     outside the data or passes its bound is NaN; an empty document scores 0.
+    ``residual``: PLAID tokens instead: d is the residual bytes ``[Td, d * nbits / 8]`` uint8 and
+    ``residual = (codes [Td] int32/int64, centroids [C, dim], weights_by_field [2**nbits], nbits,
+    normalize)``, the tables in q's dtype (:func:`maxsim.compressed.forward.decode_tables`): each
+    token decoded on chip as the codec decodes it (a code outside [0, C) makes its document NaN).
     ``config``: BM, BN, BK, num_warps, num_stages, waves (``maxsim.selection.varlen``).
     """
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
     dim = q.shape[1]
     max_d = _NO_BOUND if max_d is None else max_d
+    if residual is not None:
+        codes, centroids, weights, nbits, normalize = residual
+        tables = (codes, centroids, weights)
+        residual_ints = (centroids.shape[0], d.shape[1])
+        config = dict(config, BK=max(16, next_pow2(dim)))  # the decoded token whole: its norm needs every dim
+    else:
+        tables, residual_ints, nbits, normalize = (q, q, q), (0, 0), 1, False
     interpret = interpreting()
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
     seg = min(next_pow2(max(max_q, 1)), BM)
@@ -202,12 +230,13 @@ def stream_forward(
     fp8 = d.dtype == torch.float8_e4m3fn
     if fp8:
         d = d.view(torch.uint8)
-    args = (q, d, q if scales is None else scales, cu_q, cu_d, out,
-            Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q, max_d)
+    args = (q, d, q if scales is None else scales, cu_q, cu_d, out, *tables,
+            Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q, max_d, *residual_ints)
     constexprs = dict(
         BM=BM, BN=BN, BK=BK, NUM_K=-(-dim // BK), SEG=seg, EVEN_K=dim % BK == 0, SCALED=scales is not None,
         FP8=fp8, DOT_PRECISION=precision if q.dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and q.dtype == torch.bfloat16, CHECK_BLOCK=_CHECK_BLOCK if not interpret else 16,
+        RESIDUAL=residual is not None, NBITS=nbits, NORMALIZE=normalize,
     )
     launch(_maxsim_varlen_stream_kernel, (n_mblocks * -(-Nd // docs_per_program),), args, constexprs,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
