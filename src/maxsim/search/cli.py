@@ -18,12 +18,14 @@ import torch
 INDEX_EXAMPLE = """example:
   python -m maxsim index --out corpus/ docs.npy --lengths doc_lengths.npy --ids doc_ids.txt
   python -m maxsim index --out corpus/ --append more_docs.pt
+  python -m maxsim index --out corpus8/ --encoding int8 docs.npy --lengths doc_lengths.npy
 """
 SEARCH_EXAMPLE = """example:
   python -m maxsim search --corpus corpus/ --queries queries.pt -k 100 --out run.trec
   trec_eval qrels.txt run.trec          # or ir_measures
 """
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_ENCODINGS = ("float16", "bfloat16", "float32", "int8", "fp8")
 
 
 def _parse_bytes(text: str) -> int:
@@ -152,7 +154,12 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="corpus directory to write")
     p.add_argument("--lengths", action="append", help="lengths .npy for a .npy/.safetensors input (once per input)")
     p.add_argument("--ids", action="append", help="text file of ids, one per line (once per input)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), help="store in this dtype (default: the input's)")
+    stored = p.add_mutually_exclusive_group()
+    stored.add_argument("--encoding", choices=_ENCODINGS,
+                        help="store the tokens as this: a float dtype, or int8 / fp8 (e4m3) values with an fp32 "
+                             "scale per token, d + 4 bytes a token (default: the input's dtype; with --append, "
+                             "an int8 / fp8 corpus's own encoding)")
+    stored.add_argument("--dtype", choices=sorted(_DTYPES), help="store in this float dtype (as --encoding)")
     p.add_argument("--append", action="store_true", help="add to the corpus at --out")
     p.add_argument("--overwrite", action="store_true", help="replace the corpus at --out")
     p.add_argument("--quiet", action="store_true", help="no summary line")
@@ -171,12 +178,15 @@ def run_index(args) -> int:
             return 2
     documents = tokens = next_id = 0
     append = args.append
+    encoding = args.encoding or args.dtype
+    if encoding is None and append and Path(args.out, "manifest.json").is_file():
+        # float documents appended to a one-byte corpus are quantised like its own
+        existing = Corpus.load(args.out, mmap=True, verify=False)
+        encoding = existing.encoding if existing.is_quantized else None
     for n, path in enumerate(args.inputs):
         packed, lengths, ids = load_embeddings(path, (args.lengths or [None] * len(args.inputs))[n])
         if args.ids:
             ids = _read_ids(args.ids[n])
-        if args.dtype:
-            packed = packed.to(_DTYPES[args.dtype])
         offsets = np.zeros(lengths.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if ids is None:  # default ids continue the corpus's (or the previous input's) numbering
@@ -185,7 +195,7 @@ def run_index(args) -> int:
                 next_id = int(existing.max()) + 1 if isinstance(existing, np.ndarray) and len(existing) else 0
             ids = np.arange(next_id, next_id + lengths.size, dtype=np.int64)
             next_id += lengths.size
-        corpus = Corpus(packed, offsets, ids)
+        corpus = Corpus(packed, offsets, ids, encoding=encoding)
         corpus.save(args.out, append=append, overwrite=args.overwrite and n == 0)
         append = True
         documents += len(corpus)

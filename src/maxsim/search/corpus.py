@@ -5,11 +5,13 @@
     corpus.save("corpus/")                                          # format.py
     corpus = Corpus.load("corpus/", mmap=True)                      # on disk, memory-mapped
     result = corpus.search(Q, k=100)                                # SearchResult(scores, indices, ids)
+    corpus = Corpus.from_list(docs, encoding="int8")                # one byte a dim + an fp32 scale a token
 
 A corpus is a list of segments (one per save/append), each a packed ``[t, d]`` tensor with its
-document offsets; its tensors live on the GPU, in (optionally pinned) host memory, or are memory
-maps of the corpus file. Searching a GPU-resident corpus scores it in place; a host or mapped
-corpus streams to the GPU under a memory budget (stream.py).
+document offsets (and, for an int8 / fp8 corpus, its ``[t]`` fp32 scales); its tensors live on
+the GPU, in (optionally pinned) host memory, or are memory maps of the corpus file. Searching a
+GPU-resident corpus scores it in place; a host or mapped corpus streams to the GPU under a memory
+budget (stream.py).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ import numpy as np
 import torch
 
 import maxsim
+from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
 from maxsim.search import format as corpus_format
 
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 _DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+ENCODINGS = corpus_format.ENCODINGS
+# one-byte encodings -> (quantize_tokens' format, the values' dtype)
+_QUANTIZED = {"int8": ("int8", torch.int8), "fp8": ("fp8_e4m3", torch.float8_e4m3fn)}
+_VALUE_ENCODINGS = {dtype: name for name, (_, dtype) in _QUANTIZED.items()}
 
 
 class SearchResult(NamedTuple):
@@ -40,12 +47,19 @@ class SearchResult(NamedTuple):
 @dataclass
 class CorpusSegment:
     """Documents ``first_document ...`` of a corpus: ``embeddings [t, d]`` and host ``offsets
-    [n + 1]`` int64 (from 0). ``mapped``: the embeddings are a memory map of a corpus file."""
+    [n + 1]`` int64 (from 0). ``mapped``: the embeddings are a memory map of a corpus file.
+    ``scales [t]`` fp32 (on the embeddings' device) for an int8 / fp8 corpus, whose embeddings are
+    the one-byte values; None for a float corpus."""
 
     embeddings: torch.Tensor
     offsets: np.ndarray
     first_document: int
     mapped: bool = False
+    scales: torch.Tensor | None = None
+
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The per-token tensors: ``(embeddings,)`` or ``(values, scales)``."""
+        return (self.embeddings,) if self.scales is None else (self.embeddings, self.scales)
 
     @property
     def num_documents(self) -> int:
@@ -62,9 +76,26 @@ def _as_tensor(name, x) -> torch.Tensor:
 
 def _check_embeddings(name: str, x: torch.Tensor) -> None:
     if x.dtype not in _DTYPE_NAMES:
-        raise TypeError(f"maxsim: {name} must be float16, bfloat16 or float32; got {x.dtype}")
+        raise TypeError(f"maxsim: {name} must be float16, bfloat16 or float32 (for one-byte tokens pass floats "
+                        f"with encoding='int8' or 'fp8'); got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"maxsim: {name} must be packed [total_tokens, d]; got {list(x.shape)}")
+
+
+def _check_encoding(encoding) -> None:
+    if encoding is not None and encoding not in ENCODINGS:
+        raise ValueError(f"maxsim: encoding must be one of {', '.join(ENCODINGS)} (or None: the input's dtype); "
+                         f"got {encoding!r}")
+
+
+def _encode(embeddings: torch.Tensor, encoding):
+    """Float ``[T, d]`` -> ``(embeddings [T, d], scales [T] fp32 or None)`` in ``encoding``
+    (None: as they are)."""
+    if encoding is None:
+        return embeddings, None
+    if encoding in _QUANTIZED:
+        return quantize_tokens(embeddings, _QUANTIZED[encoding][0])
+    return embeddings.to(_TORCH_DTYPES[encoding]), None
 
 
 def _normalize_ids(ids, n: int, first: int = 0):
@@ -110,15 +141,27 @@ class Corpus:
     Build with :meth:`from_packed` (also ``Corpus(embeddings, offsets, ids)``), :meth:`from_list`,
     :meth:`from_padded` (torch or numpy inputs), or :meth:`load`. ``ids``: str or int, unique;
     default 0 .. N - 1. Move with :meth:`to` / :meth:`pin_memory`.
+
+    ``encoding`` (every constructor): how the tokens are held. None (default): as given, float16,
+    bfloat16 or float32. "float16" / "bfloat16" / "float32": cast to it. "int8" / "fp8": quantised
+    per token (``maxsim.compressed.quantized.quantize_tokens``, fp8 = e4m3): values ``[T, d]``
+    int8 / float8_e4m3fn plus scales ``[T]`` fp32, d + 4 bytes a token; search scores MaxSim
+    against the dequantised tokens ``values * scale``. To re-encode a corpus, build a new one:
+    ``Corpus.from_packed(c.embeddings, c.offsets, c.ids, encoding="int8")`` (float ``c``).
     """
 
-    def __init__(self, embeddings, offsets, ids=None):
+    def __init__(self, embeddings, offsets, ids=None, *, encoding: str | None = None):
         embeddings = _as_tensor("embeddings", embeddings)
-        _check_embeddings("embeddings", embeddings)
+        _check_encoding(encoding)
+        if encoding is None or not embeddings.is_floating_point():  # (an encoding casts any float, fp64 too)
+            _check_embeddings("embeddings", embeddings)
+        elif embeddings.dim() != 2:
+            raise ValueError(f"maxsim: embeddings must be packed [total_tokens, d]; got {list(embeddings.shape)}")
         offsets = _as_tensor("offsets", offsets).cpu().numpy().astype(np.int64).reshape(-1)
         if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != embeddings.shape[0] or (np.diff(offsets) < 0).any():
             raise ValueError(f"maxsim: offsets must start at 0, never decrease and end at {embeddings.shape[0]}")
-        self._segments = [CorpusSegment(embeddings.contiguous(), offsets, 0)]
+        embeddings, scales = _encode(embeddings, encoding)
+        self._segments = [CorpusSegment(embeddings.contiguous(), offsets, 0, scales=scales)]
         self.ids = _normalize_ids(ids, offsets.size - 1)
         self.path: Path | None = None
         self.base_index = 0  # global index of document 0 (a shard of a larger corpus)
@@ -127,20 +170,22 @@ class Corpus:
     # -- construction -----------------------------------------------------------------------
 
     @classmethod
-    def from_packed(cls, embeddings, offsets, ids=None) -> "Corpus":
-        """``embeddings [T, d]``, ``offsets`` (cu_seqlens) ``[N + 1]``."""
-        return cls(embeddings, offsets, ids)
+    def from_packed(cls, embeddings, offsets, ids=None, *, encoding: str | None = None) -> "Corpus":
+        """``embeddings [T, d]``, ``offsets`` (cu_seqlens) ``[N + 1]``; ``encoding`` as the class."""
+        return cls(embeddings, offsets, ids, encoding=encoding)
 
     @classmethod
-    def from_list(cls, documents, ids=None) -> "Corpus":
-        """A ragged list of ``[L_j, d]`` tensors or arrays (an empty list is an error: no d)."""
+    def from_list(cls, documents, ids=None, *, encoding: str | None = None) -> "Corpus":
+        """A ragged list of ``[L_j, d]`` tensors or arrays (an empty list is an error: no d);
+        ``encoding`` as the class."""
         documents = [_as_tensor("documents", x) for x in documents]
         packed, cu, _ = maxsim.pack(documents)
-        return cls(packed, cu, ids)
+        return cls(packed, cu, ids, encoding=encoding)
 
     @classmethod
-    def from_padded(cls, D, d_mask=None, ids=None) -> "Corpus":
-        """``D [Nd, Ld, d]`` with ``d_mask [Nd, Ld]`` (True = real token; None = all real)."""
+    def from_padded(cls, D, d_mask=None, ids=None, *, encoding: str | None = None) -> "Corpus":
+        """``D [Nd, Ld, d]`` with ``d_mask [Nd, Ld]`` (True = real token; None = all real);
+        ``encoding`` as the class."""
         D = _as_tensor("D", D)
         if D.dim() != 3:
             raise ValueError(f"maxsim: D must be [Nd, Ld, d]; got {list(D.shape)}")
@@ -155,7 +200,7 @@ class Corpus:
                     raise ValueError("maxsim: d_mask must be bool or hold only 0 and 1")
                 mask = mask != 0
         packed, cu, _ = maxsim.padded_to_packed(D, mask)
-        return cls(packed, cu, ids)
+        return cls(packed, cu, ids, encoding=encoding)
 
     @classmethod
     def _from_segments(cls, segments, ids, path=None) -> "Corpus":
@@ -186,7 +231,21 @@ class Corpus:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The stored embeddings' dtype: float16 / bfloat16 / float32, or int8 / float8_e4m3fn (the
+        one-byte values of an int8 / fp8 corpus)."""
         return self._segments[0].embeddings.dtype
+
+    @property
+    def encoding(self) -> str:
+        """"float16", "bfloat16", "float32", "int8" or "fp8"."""
+        if self._segments[0].scales is None:
+            return _DTYPE_NAMES[self.dtype]
+        return _VALUE_ENCODINGS[self.dtype]
+
+    @property
+    def is_quantized(self) -> bool:
+        """Whether the tokens are one-byte values with per-token scales (int8 / fp8)."""
+        return self._segments[0].scales is not None
 
     @property
     def device(self) -> torch.device:
@@ -207,10 +266,21 @@ class Corpus:
 
     @property
     def embeddings(self) -> torch.Tensor:
-        """``[T, d]`` (a concatenation, i.e. a copy, when there are several segments)."""
+        """``[T, d]`` as stored (a concatenation, i.e. a copy, when there are several segments): the
+        one-byte values of an int8 / fp8 corpus (``document`` dequantises)."""
         if len(self._segments) == 1:
             return self._segments[0].embeddings
         return torch.cat([s.embeddings for s in self._segments], 0)
+
+    @property
+    def scales(self) -> torch.Tensor | None:
+        """``[T]`` fp32 per-token scales of an int8 / fp8 corpus (a copy when there are several
+        segments); None for a float corpus."""
+        if not self.is_quantized:
+            return None
+        if len(self._segments) == 1:
+            return self._segments[0].scales
+        return torch.cat([s.scales for s in self._segments], 0)
 
     @property
     def is_mapped(self) -> bool:
@@ -222,30 +292,35 @@ class Corpus:
             return "mmap"
         if self.device.type != "cpu":
             return str(self.device)
-        return "pinned" if all(s.embeddings.is_pinned() for s in self._segments) else "cpu"
+        return "pinned" if all(t.is_pinned() for s in self._segments for t in s.parts()) else "cpu"
 
     def name(self) -> str:
         return f"the corpus {self.path}" if self.path is not None else "the corpus"
 
     def __repr__(self) -> str:
         return (f"Corpus({len(self)} documents, {self.num_tokens} tokens, d={self.dim}, "
-                f"{_DTYPE_NAMES[self.dtype]}, {self.where()}{', ' + str(self.path) if self.path else ''})")
+                f"{self.encoding}, {self.where()}{', ' + str(self.path) if self.path else ''})")
 
     def document(self, index: int) -> torch.Tensor:
-        """Embeddings ``[L, d]`` of document ``index`` (a view)."""
+        """Embeddings ``[L, d]`` of document ``index``: a view, or for an int8 / fp8 corpus its
+        dequantised tokens ``values * scale`` in float32 (a new tensor)."""
         if not 0 <= index < len(self):
             raise IndexError(f"maxsim: document {index} out of range for {len(self)} documents")
         for s in self._segments:
             if index < s.first_document + s.num_documents:
                 j = index - s.first_document
-                return s.embeddings[int(s.offsets[j]):int(s.offsets[j + 1])]
+                t0, t1 = int(s.offsets[j]), int(s.offsets[j + 1])
+                if s.scales is None:
+                    return s.embeddings[t0:t1]
+                return dequantize_tokens(s.embeddings[t0:t1], s.scales[t0:t1])
         raise AssertionError  # pragma: no cover
 
     # -- moving -------------------------------------------------------------------------------
 
     def _map(self, fn, mapped: bool | None = None) -> "Corpus":
         segments = [CorpusSegment(fn(s.embeddings), s.offsets, s.first_document,
-                                  s.mapped if mapped is None else mapped) for s in self._segments]
+                                  s.mapped if mapped is None else mapped, None if s.scales is None else fn(s.scales))
+                    for s in self._segments]
         out = Corpus._from_segments(segments, self.ids, self.path)
         out.base_index, out.shard_info = self.base_index, self.shard_info
         return out
@@ -265,26 +340,35 @@ class Corpus:
 
     def append(self, documents, ids=None) -> "Corpus":
         """Add documents (a Corpus, a ragged list, or ``(embeddings, offsets)``) in memory, as a new
-        segment on this corpus's device; default ids continue 0, 1, ... Returns self."""
+        segment on this corpus's device; default ids continue 0, 1, ... Returns self.
+
+        Float documents (a list or a pair) appended to an int8 / fp8 corpus are quantised to its
+        encoding; a float corpus takes documents of its dtype, and an appended Corpus must have this
+        corpus's encoding."""
+        encoding = self.encoding if self.is_quantized else None
         if isinstance(documents, Corpus):
             other = documents
             if ids is not None:
                 other = Corpus._from_segments(other._segments, _normalize_ids(ids, len(other)))
         elif isinstance(documents, tuple) and len(documents) == 2:
-            other = Corpus(documents[0], documents[1], None if ids is None else ids)
+            other = Corpus(documents[0], documents[1], None if ids is None else ids, encoding=encoding)
         else:
-            other = Corpus.from_list(documents, ids)
+            other = Corpus.from_list(documents, ids, encoding=encoding)
         if ids is None and not isinstance(documents, Corpus) and isinstance(self.ids, np.ndarray):
             start = int(self.ids.max()) + 1 if len(self.ids) else 0
             other.ids = np.arange(start, start + len(other), dtype=np.int64)
         if other.dim != self.dim:
             raise ValueError(f"maxsim: cannot append d={other.dim} documents to {self.name()} of d={self.dim}")
+        if other.is_quantized != self.is_quantized or (self.is_quantized and other.encoding != self.encoding):
+            raise TypeError(f"maxsim: cannot append {other.encoding} documents to {self.name()} of {self.encoding}: "
+                            f"build them with encoding={self.encoding!r}")
         if other.dtype != self.dtype:
             raise TypeError(f"maxsim: cannot append {other.dtype} documents to {self.name()} of {self.dtype}")
         self.ids = _join_ids(self.ids, other.ids)
         first = len(self)
         for s in other._segments:
-            self._segments.append(CorpusSegment(s.embeddings.to(self.device), s.offsets, first, False))
+            scales = None if s.scales is None else s.scales.to(self.device)
+            self._segments.append(CorpusSegment(s.embeddings.to(self.device), s.offsets, first, False, scales))
             first += s.num_documents
         return self
 
@@ -310,11 +394,13 @@ class Corpus:
                 continue
             ja, jb = a - s.first_document, b - s.first_document
             t0, t1 = int(s.offsets[ja]), int(s.offsets[jb])
-            segments.append(CorpusSegment(s.embeddings[t0:t1], s.offsets[ja:jb + 1] - t0, first, s.mapped))
+            scales = None if s.scales is None else s.scales[t0:t1]
+            segments.append(CorpusSegment(s.embeddings[t0:t1], s.offsets[ja:jb + 1] - t0, first, s.mapped, scales))
             first += jb - ja
-        if not segments:  # an empty shard keeps d, dtype and device
-            e = self._segments[0].embeddings[:0]
-            segments = [CorpusSegment(e, np.zeros(1, dtype=np.int64), 0, self._segments[0].mapped)]
+        if not segments:  # an empty shard keeps d, encoding and device
+            s = self._segments[0]
+            segments = [CorpusSegment(s.embeddings[:0], np.zeros(1, dtype=np.int64), 0, s.mapped,
+                                      None if s.scales is None else s.scales[:0])]
         ids = self.ids[lo:hi]
         out = Corpus._from_segments(segments, ids, self.path)
         out.base_index = self.base_index + lo
@@ -324,21 +410,25 @@ class Corpus:
     # -- files --------------------------------------------------------------------------------
 
     def _stored(self):
-        """(embeddings as numpy in the stored dtype, lengths, ids) over all segments."""
-        emb = self.embeddings.detach()
-        if emb.device.type != "cpu":
-            emb = emb.cpu()
-        emb = emb.contiguous()
-        array = emb.view(torch.uint16).numpy() if emb.dtype == torch.bfloat16 else emb.numpy()
-        return array, np.diff(self.offsets), self.ids
+        """(embeddings as numpy in the stored dtype, lengths, ids, scales as numpy or None) over all
+        segments."""
+        emb = self.embeddings.detach().cpu().contiguous()
+        if emb.dtype in (torch.bfloat16, torch.float8_e4m3fn):  # numpy has neither: store the bits
+            array = emb.view(torch.uint16 if emb.dtype == torch.bfloat16 else torch.uint8).numpy()
+        else:
+            array = emb.numpy()
+        scales = None if not self.is_quantized else self.scales.detach().cpu().float().contiguous().numpy()
+        return array, np.diff(self.offsets), self.ids, scales
 
     def save(self, path, *, append: bool = False, overwrite: bool = False) -> Path:
         """Write this corpus to the directory ``path`` (format.py). ``append``: add its documents
-        to the corpus already there (a new segment; its ids must be new). ``overwrite``: replace an
-        existing corpus. Every write is atomic: an interruption leaves the previous corpus."""
-        array, lengths, ids = self._stored()
-        corpus_format.write_corpus(path, array, lengths, ids, _DTYPE_NAMES[self.dtype], append=append,
-                                   overwrite=overwrite)
+        to the corpus already there (a new segment; its ids must be new; the same encoding).
+        ``overwrite``: replace an existing corpus. Every write is atomic: an interruption leaves
+        the previous corpus."""
+        array, lengths, ids, scales = self._stored()
+        dtype_name = corpus_format.QUANTIZED_ENCODINGS.get(self.encoding, self.encoding)
+        corpus_format.write_corpus(path, array, lengths, ids, dtype_name, append=append, overwrite=overwrite,
+                                   encoding=self.encoding, scales=scales)
         return Path(path)
 
     @classmethod
@@ -350,19 +440,24 @@ class Corpus:
         checked. Errors name the file."""
         path = Path(path)
         manifest, stored = corpus_format.open_corpus(path, mmap=mmap, verify=verify)
-        dtype = _TORCH_DTYPES[manifest["dtype"]]
+        encoding = corpus_format.manifest_encoding(manifest)
+        dtype = _QUANTIZED[encoding][1] if encoding in _QUANTIZED else _TORCH_DTYPES[encoding]
         segments, first, ids = [], 0, None
         for s in stored:
-            emb = torch.from_numpy(s.embeddings)
-            if dtype == torch.bfloat16:
-                emb = emb.view(torch.bfloat16)
+            parts = [torch.from_numpy(s.embeddings)]
+            if dtype in (torch.bfloat16, torch.float8_e4m3fn):  # stored as their bits
+                parts[0] = parts[0].view(dtype)
+            if s.scales is not None:
+                parts.append(torch.from_numpy(s.scales))
             offsets = np.zeros(s.lengths.size + 1, dtype=np.int64)
             np.cumsum(s.lengths, out=offsets[1:])
             if not mmap and pin_memory:
-                emb = emb.pin_memory()
+                parts = [t.pin_memory() for t in parts]
             if device is not None and torch.device(device).type != "cpu":
-                emb = emb.to(device)
-            segments.append(CorpusSegment(emb, offsets, first, mmap and (device is None or torch.device(device).type == "cpu")))
+                parts = [t.to(device) for t in parts]
+            emb, scales = parts[0], (parts[1] if len(parts) > 1 else None)
+            mapped = mmap and (device is None or torch.device(device).type == "cpu")
+            segments.append(CorpusSegment(emb, offsets, first, mapped, scales))
             first += s.lengths.size
             ids = s.ids if ids is None else _join_ids(ids, s.ids)
         if not segments:
@@ -385,7 +480,8 @@ class Corpus:
 
         Args:
             Q: queries ``[Nq, Lq, d]`` (with ``q_mask``), ``[Lq, d]``, or a list of ``[L_i, d]``;
-                the corpus's d and dtype.
+                the corpus's d and dtype (an int8 / fp8 corpus: float16, bfloat16 or float32, its
+                tokens scored as ``maxsim_quantized_varlen`` scores them).
             batch_size: queries scored together against each resident chunk (default: as many as
                 the memory budget allows; all of them when it can).
             gpu_memory: bytes the search may use on the device: chunk buffers, scores, top-k state

@@ -1,19 +1,27 @@
 """The corpus file format: a directory of ``.npy`` files and a small JSON manifest.
 
-Layout (format version 1)::
+Layout (format version 1; version 2 adds the one-byte encodings)::
 
     corpus/
       manifest.json                       the commit point: what is listed here is the corpus
       seg-00000-<tag>.emb.npy             [t, d] token embeddings of segment 0 (C order)
       seg-00000-<tag>.len.npy             [n] int64 token count of each document
+      seg-00000-<tag>.scl.npy             [t] fp32 scale of each token (int8 / fp8 corpora only)
       seg-00000-<tag>.ids.npy | .ids.json [n] int64 ids, or a JSON list of n strings
       seg-00001-<tag>....                 one segment per save/append
 
     manifest.json = {"format": "maxsim-corpus", "version": 1, "dim": d, "dtype": "float16",
-                     "id_type": "int" | "str", "num_documents": N, "num_tokens": T,
-                     "segments": [{"num_documents": n, "num_tokens": t,
+                     "encoding": "float16", "id_type": "int" | "str", "num_documents": N,
+                     "num_tokens": T, "segments": [{"num_documents": n, "num_tokens": t,
                                    "files": {"embeddings": {"name", "bytes", "crc32"},
                                              "lengths": {...}, "ids": {...}}}]}
+
+Encodings: "float16" / "bfloat16" / "float32" store the embeddings as they are (version 1; a
+manifest without "encoding", as the first version-1 writers left it, means its "dtype"). "int8" /
+"fp8" (version 2, so that an older maxsim refuses them by version rather than misreading them)
+store per-token quantised values (``maxsim.compressed.quantized.quantize_tokens``): "dtype" is
+"int8" or "float8_e4m3fn", and each segment adds a "scales" file, ``[t]`` fp32. NumPy has no
+float8: fp8 values are stored as their uint8 bits.
 
 Why ``.npy`` (not safetensors): ``numpy.load(mmap_mode=...)`` maps the file with no copy and no
 extra dependency (numpy is already one of maxsim's); a header of a few dozen bytes, padded to a
@@ -46,11 +54,17 @@ from pathlib import Path
 import numpy as np
 
 FORMAT_NAME = "maxsim-corpus"
-FORMAT_VERSION = 1
+# The newest version this code reads; float corpora are still written as version 1.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 _CRC_BLOCK = 16 << 20
 # dtype names of the manifest -> the numpy dtype the .npy file holds.
-STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
+STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16, "int8": np.int8,
+                 "float8_e4m3fn": np.uint8}
+FLOAT_ENCODINGS = ("float16", "bfloat16", "float32")
+# one-byte encodings -> the manifest's dtype of their values
+QUANTIZED_ENCODINGS = {"int8": "int8", "fp8": "float8_e4m3fn"}
+ENCODINGS = FLOAT_ENCODINGS + tuple(QUANTIZED_ENCODINGS)
 
 
 class CorpusFormatError(ValueError):
@@ -60,11 +74,23 @@ class CorpusFormatError(ValueError):
 @dataclass
 class Segment:
     """One segment as read from disk: ``embeddings [t, d]`` (numpy, maybe memory-mapped, bf16 as
-    uint16), ``lengths [n]`` int64, ``ids`` (int64 numpy array or list of str)."""
+    uint16, fp8 as uint8), ``lengths [n]`` int64, ``ids`` (int64 numpy array or list of str),
+    ``scales [t]`` fp32 (maybe memory-mapped) for an int8 / fp8 corpus, else None."""
 
     embeddings: np.ndarray
     lengths: np.ndarray
     ids: object
+    scales: np.ndarray | None = None
+
+
+def format_version(encoding: str) -> int:
+    """The version a corpus of ``encoding`` is written as: the oldest that can hold it."""
+    return 2 if encoding in QUANTIZED_ENCODINGS else 1
+
+
+def manifest_encoding(manifest: dict) -> str:
+    """The encoding of a checked manifest (one without the field: its dtype, a float)."""
+    return manifest.get("encoding", manifest["dtype"])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -144,6 +170,11 @@ def read_manifest(directory) -> dict:
             raise CorpusFormatError(f"maxsim: corpus manifest {path} lacks {key!r}")
     if manifest["dtype"] not in STORED_DTYPES:
         raise CorpusFormatError(f"maxsim: corpus manifest {path} has an unknown dtype {manifest['dtype']!r}")
+    encoding = manifest_encoding(manifest)
+    expected_dtype = QUANTIZED_ENCODINGS.get(encoding, encoding)
+    if encoding not in ENCODINGS or manifest["dtype"] != expected_dtype or version < format_version(encoding):
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} has an inconsistent encoding {encoding!r} "
+                                f"(dtype {manifest['dtype']!r}, version {version})")
     return manifest
 
 
@@ -178,15 +209,22 @@ def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[d
     directory = Path(directory)
     manifest = read_manifest(directory)
     dim, stored = manifest["dim"], STORED_DTYPES[manifest["dtype"]]
+    quantized = manifest_encoding(manifest) in QUANTIZED_ENCODINGS
     segments = []
     total_docs = total_tokens = 0
-    for entry in manifest["segments"]:
+    for number, entry in enumerate(manifest["segments"]):
         files = entry["files"]
         n, t = entry["num_documents"], entry["num_tokens"]
+        if quantized and "scales" not in files:
+            raise CorpusFormatError(f"maxsim: corpus manifest {directory / MANIFEST} lists no scales file for "
+                                    f"segment {number} of its {manifest_encoding(manifest)} tokens")
         emb_path = _check_file(directory, files["embeddings"], verify)
         len_path = _check_file(directory, files["lengths"], verify)
         ids_path = _check_file(directory, files["ids"], verify)
         embeddings = _load_npy(emb_path, mmap, stored, (t, dim))
+        scales = None
+        if quantized:
+            scales = _load_npy(_check_file(directory, files["scales"], verify), mmap, np.float32, (t,))
         lengths = _load_npy(len_path, False, np.int64, (n,))
         if (lengths < 0).any() or int(lengths.sum()) != t:
             raise CorpusFormatError(f"maxsim: corpus file {len_path} does not add up to the {t} tokens of {emb_path.name}")
@@ -199,7 +237,7 @@ def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[d
                 raise CorpusFormatError(f"maxsim: corpus file {ids_path} must hold {n} string ids")
         else:
             ids = _load_npy(ids_path, False, np.int64, (n,))
-        segments.append(Segment(embeddings, lengths, ids))
+        segments.append(Segment(embeddings, lengths, ids, scales))
         total_docs += n
         total_tokens += t
     if total_docs != manifest["num_documents"] or total_tokens != manifest["num_tokens"]:
@@ -217,36 +255,46 @@ def _remove_orphans(directory: Path, manifest: dict) -> None:
             path.unlink(missing_ok=True)
 
 
-def _write_segment(directory: Path, number: int, embeddings: np.ndarray, lengths: np.ndarray, ids) -> dict:
+def _write_segment(directory: Path, number: int, embeddings: np.ndarray, lengths: np.ndarray, ids,
+                   scales: np.ndarray | None = None) -> dict:
     tag = secrets.token_hex(4)
     stem = f"seg-{number:05d}-{tag}"
     emb_path = directory / f"{stem}.emb.npy"
     len_path = directory / f"{stem}.len.npy"
     _write_array(emb_path, embeddings)
     _write_array(len_path, np.asarray(lengths, dtype=np.int64))
+    files = {"embeddings": _describe(emb_path), "lengths": _describe(len_path)}
+    if scales is not None:
+        scl_path = directory / f"{stem}.scl.npy"
+        _write_array(scl_path, np.asarray(scales, dtype=np.float32))
+        files["scales"] = _describe(scl_path)
     if isinstance(ids, np.ndarray):
         ids_path = directory / f"{stem}.ids.npy"
         _write_array(ids_path, ids.astype(np.int64, copy=False))
     else:
         ids_path = directory / f"{stem}.ids.json"
         _write_json(ids_path, list(ids))
-    return {
-        "num_documents": int(len(lengths)),
-        "num_tokens": int(embeddings.shape[0]),
-        "files": {"embeddings": _describe(emb_path), "lengths": _describe(len_path), "ids": _describe(ids_path)},
-    }
+    files["ids"] = _describe(ids_path)
+    return {"num_documents": int(len(lengths)), "num_tokens": int(embeddings.shape[0]), "files": files}
 
 
 def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dtype_name: str, *,
-                 append: bool = False, overwrite: bool = False) -> dict:
+                 append: bool = False, overwrite: bool = False, encoding: str | None = None,
+                 scales: np.ndarray | None = None) -> dict:
     """Write one segment and commit it -> the new manifest.
 
-    ``embeddings [t, d]`` in the stored numpy dtype (bf16 as uint16), ``lengths [n]``, ``ids`` an
-    int64 array or list of n str. ``append``: add to the corpus at ``directory`` (same d, dtype and
-    id type; ids must stay unique). Otherwise a new corpus; an existing one is replaced only with
-    ``overwrite`` (its files are deleted after the new manifest is committed).
+    ``embeddings [t, d]`` in the stored numpy dtype (bf16 as uint16, fp8 as uint8), ``lengths
+    [n]``, ``ids`` an int64 array or list of n str. ``encoding`` (default ``dtype_name``): "int8"
+    and "fp8" also take ``scales [t]`` fp32. ``append``: add to the corpus at ``directory`` (same
+    d, encoding and id type; ids must stay unique). Otherwise a new corpus; an existing one is
+    replaced only with ``overwrite`` (its files are deleted after the new manifest is committed).
     """
     directory = Path(directory)
+    encoding = dtype_name if encoding is None else encoding
+    if encoding not in ENCODINGS or QUANTIZED_ENCODINGS.get(encoding, encoding) != dtype_name:
+        raise ValueError(f"maxsim: encoding {encoding!r} does not hold {dtype_name} embeddings")
+    if (scales is not None) != (encoding in QUANTIZED_ENCODINGS):
+        raise ValueError(f"maxsim: a {encoding} corpus {'needs' if scales is None else 'takes no'} per-token scales")
     id_type = "int" if isinstance(ids, np.ndarray) else "str"
     dim = int(embeddings.shape[1])
     exists = (directory / MANIFEST).is_file()
@@ -255,8 +303,10 @@ def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dt
         where = directory / MANIFEST
         if manifest["dim"] != dim:
             raise ValueError(f"maxsim: cannot append d={dim} embeddings to corpus {where} of d={manifest['dim']}")
-        if manifest["dtype"] != dtype_name:
-            raise TypeError(f"maxsim: cannot append {dtype_name} embeddings to corpus {where} of {manifest['dtype']}")
+        if manifest_encoding(manifest) != encoding:
+            raise TypeError(f"maxsim: cannot append {encoding} embeddings to corpus {where} of "
+                            f"{manifest_encoding(manifest)}: build the documents with "
+                            f"encoding={manifest_encoding(manifest)!r}")
         if manifest["id_type"] != id_type:
             raise TypeError(f"maxsim: cannot append {id_type} ids to corpus {where} of {manifest['id_type']} ids")
         old_ids = set()
@@ -278,16 +328,17 @@ def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dt
             if strangers:
                 raise FileExistsError(f"maxsim: {directory} is not empty and not a corpus ({strangers[0]}, ...)")
         directory.mkdir(parents=True, exist_ok=True)
-        manifest = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
-                    "id_type": id_type, "num_documents": 0, "num_tokens": 0, "segments": []}
+        manifest = {"format": FORMAT_NAME, "version": format_version(encoding), "dim": dim, "dtype": dtype_name,
+                    "encoding": encoding, "id_type": id_type, "num_documents": 0, "num_tokens": 0, "segments": []}
         old = read_manifest(directory) if exists else None
         number = (len(old["segments"]) if old else 0)
-    segment = _write_segment(directory, number, embeddings, lengths, ids)
+    segment = _write_segment(directory, number, embeddings, lengths, ids, scales)
     manifest = dict(manifest)
+    manifest["encoding"] = encoding
     manifest["segments"] = list(manifest["segments"]) + [segment]
     manifest["num_documents"] = int(manifest["num_documents"]) + segment["num_documents"]
     manifest["num_tokens"] = int(manifest["num_tokens"]) + segment["num_tokens"]
-    manifest["version"] = FORMAT_VERSION
+    manifest["version"] = max(int(manifest["version"]), format_version(encoding))
     _replace_manifest(directory, manifest)
     _remove_orphans(directory, manifest)
     return manifest

@@ -12,6 +12,9 @@ memory-mapped (or unpinned) corpus is first read by a worker thread into one of 
 buffers, so that reading the file, the copy and the scoring overlap. The host keeps at most two
 chunks in flight, which bounds the GPU memory and makes the progress bar and Ctrl-C prompt. On the
 CPU (or for a corpus already on the device) the same loop runs on views, without streams.
+
+An int8 / fp8 corpus streams its one-byte values and fp32 scales together (d + 4 bytes a token)
+and each chunk is scored by ``maxsim.compressed.quantized.maxsim_quantized_varlen``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import torch
 
 from maxsim._progress import progress_bar
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
-                                packed_queries, score_packed_chunk)
+                                packed_queries, score_packed_chunk, score_quantized_chunk)
+
+_QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Share of the budget for the two chunk buffers (the rest: scores, top-k state, kernel scratch).
 _BUFFER_SHARE = 0.5
@@ -84,7 +89,7 @@ def plan_chunks(offsets: np.ndarray, max_tokens: int, max_documents: int) -> lis
 class _Plan:
     """Budget -> chunk buffer size (tokens), documents per chunk, queries per batch."""
 
-    def __init__(self, budget: int, num_queries: int, k: int, query_bytes: int, dim: int, itemsize: int,
+    def __init__(self, budget: int, num_queries: int, k: int, query_bytes: int, token_bytes: int,
                  mean_length: float, streamed: bool, batch_size: int | None):
         state = 3 * num_queries * k * 12  # running keys + scores, and the merge's temporaries
         rest = budget - query_bytes - state
@@ -92,7 +97,7 @@ class _Plan:
             raise ValueError(f"maxsim: gpu_memory={budget} bytes does not hold the queries and the top-k state "
                              f"({query_bytes + state} bytes): raise it or search fewer queries at a time")
         buffer_bytes = int(rest * _BUFFER_SHARE) if streamed else 0
-        self.max_tokens = max(1, buffer_bytes // (2 * dim * itemsize)) if streamed else None
+        self.max_tokens = max(1, buffer_bytes // (2 * token_bytes)) if streamed else None
         score_elements = max(1, (rest - buffer_bytes) // SCRATCH_BYTES_PER_SCORE)
         docs_in_buffer = (self.max_tokens / max(mean_length, 1.0)) if streamed else None
         if batch_size is None:
@@ -118,7 +123,11 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     if isinstance(Q, np.ndarray):
         Q = torch.from_numpy(Q)
     q, cu_q, cu_q_host, max_q = packed_queries(Q, q_mask)
-    if q.dtype != corpus.dtype:
+    quantized = corpus.is_quantized
+    if quantized and q.dtype not in _QUERY_DTYPES:
+        raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} of {corpus.encoding} tokens takes "
+                        "float16, bfloat16 or float32 queries")
+    if not quantized and q.dtype != corpus.dtype:
         raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} holds {corpus.dtype}")
     if q.shape[1] != corpus.dim:
         raise ValueError(f"maxsim: the queries have d={q.shape[1]} but {corpus.name()} has d={corpus.dim}")
@@ -129,15 +138,19 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
 
     streamed = device.type == "cuda" and corpus.device.type == "cpu"
     budget = int(gpu_memory) if gpu_memory is not None else default_budget(device)
-    plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), corpus.dim, q.element_size(),
+    # bytes a token takes in a chunk buffer: its embedding, or its one-byte values and fp32 scale
+    token_bytes = corpus.dim * (1 if quantized else corpus.dtype.itemsize) + (4 if quantized else 0)
+    plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), token_bytes,
                  corpus.num_tokens / max(len(corpus), 1), streamed, batch_size)
-    batches = []  # (rows, q_batch, cu_batch, max_q of batch, RunningTopK)
+    batches = []  # (q_batch, cu_batch, max_q of batch, queries of the batch as [L_i, d] views, RunningTopK)
     for b0 in range(0, Nq, plan.batch_size):
         b1 = min(Nq, b0 + plan.batch_size)
         t0, t1 = int(cu_q_host[b0]), int(cu_q_host[b1])
         cu_b = torch.from_numpy(cu_q_host[b0:b1 + 1] - t0).to(device)
         max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
-        batches.append((q[t0:t1], cu_b, max_b, RunningTopK(b1 - b0, k, device)))
+        # maxsim_quantized_varlen takes queries as a list (it packs them itself)
+        views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])] if quantized else None
+        batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
 
     # The work: (segment, start, stop) chunks of every segment.
     max_tokens = plan.max_tokens or max(corpus.num_tokens, 1)
@@ -146,22 +159,26 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     work = [(s, a, b) for s in corpus.segments for a, b in plan_chunks(s.offsets, max_tokens, max_documents)]
     bar = progress_bar(progress, len(corpus), "maxsim search", "doc")
 
-    def score(chunk_tokens: torch.Tensor, segment, start: int, stop: int, token_base: int) -> None:
-        for q_b, cu_b, max_b, top in batches:
-            scores = score_packed_chunk(q_b, cu_b, max_b, chunk_tokens, segment.offsets, start, stop, token_base)
+    def score(chunk, segment, start: int, stop: int, token_base: int) -> None:
+        """``chunk``: the segment's rows from ``token_base``, ``(embeddings,)`` or ``(values, scales)``."""
+        for q_b, cu_b, max_b, views, top in batches:
+            if quantized:
+                scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base)
+            else:
+                scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base)
             top.update(scores, corpus.base_index + segment.first_document + start)
 
     try:
         if streamed:
-            _stream(work, score, device, plan.max_tokens, corpus.dim, corpus.dtype, bar)
+            _stream(work, score, device, plan.max_tokens, corpus.segments[0].parts(), bar)
         else:
             for segment, start, stop in work:
-                emb = segment.embeddings
-                if emb.device != device:  # a GPU corpus searched on the CPU (or another GPU)
+                parts = segment.parts()
+                if parts[0].device != device:  # a GPU corpus searched on the CPU (or another GPU)
                     t0, t1 = int(segment.offsets[start]), int(segment.offsets[stop])
-                    score(emb[t0:t1].to(device), segment, start, stop, t0)
+                    score(tuple(p[t0:t1].to(device) for p in parts), segment, start, stop, t0)
                 else:
-                    score(emb, segment, start, stop, 0)
+                    score(parts, segment, start, stop, 0)
                 if bar is not None:
                     bar.update(stop - start)
     finally:
@@ -183,19 +200,29 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     return scores, indices
 
 
-def _stream(work, score, device, max_tokens: int, dim: int, dtype: torch.dtype, bar) -> None:
+def _is_pinned(segment) -> bool:
+    return all(t.is_pinned() for t in segment.parts())
+
+
+def _stream(work, score, device, max_tokens: int, templates, bar) -> None:
     """Double-buffered host-to-device streaming of ``work`` chunks; ``score`` runs on the current
-    stream with the chunk's device buffer."""
+    stream with the chunk's device buffers. ``templates``: a segment's per-token tensors
+    (``(embeddings [t, d],)`` or ``(values [t, d], scales [t])``), whose row shapes and dtypes the
+    buffers take; every part of a chunk is copied with the same events."""
     if not work:
         return
     compute = torch.cuda.current_stream(device)
     copy_stream = torch.cuda.Stream(device)
-    buffers = [torch.empty(max_tokens, dim, dtype=dtype, device=device) for _ in range(2)]  # [cap, d] each
+
+    def empty(**where):  # one buffer per part: [cap, d] (and [cap])
+        return [torch.empty((max_tokens,) + tuple(t.shape[1:]), dtype=t.dtype, **where) for t in templates]
+
+    buffers = [empty(device=device) for _ in range(2)]
     copied = [torch.cuda.Event() for _ in range(2)]  # chunk j's copy into buffers[j % 2] done
     consumed = [torch.cuda.Event() for _ in range(2)]  # scoring of the chunk in buffers[j % 2] done
     staged_free = [torch.cuda.Event() for _ in range(2)]  # copy out of staging[j % 2] done
-    needs_staging = any(not (seg.embeddings.is_pinned()) for seg, _, _ in work)
-    staging = [torch.empty(max_tokens, dim, dtype=dtype, pin_memory=True) for _ in range(2)] if needs_staging else None
+    needs_staging = any(not _is_pinned(seg) for seg, _, _ in work)
+    staging = [empty(pin_memory=True) for _ in range(2)] if needs_staging else None
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maxsim-read") if needs_staging else None
     pending = {}  # j -> future of the staging read
 
@@ -206,10 +233,11 @@ def _stream(work, score, device, max_tokens: int, dim: int, dtype: torch.dtype, 
     def read(j):  # worker thread: file / pageable memory -> pinned staging[j % 2]
         segment, t0, t1 = rows(j)
         staged_free[j % 2].synchronize()  # the copy of chunk j - 2 has left this staging buffer
-        staging[j % 2][: t1 - t0].copy_(segment.embeddings[t0:t1])
+        for buffer, part in zip(staging[j % 2], segment.parts()):
+            buffer[: t1 - t0].copy_(part[t0:t1])
 
     def stage(j):
-        if j < len(work) and needs_staging and not work[j][0].embeddings.is_pinned():
+        if j < len(work) and needs_staging and not _is_pinned(work[j][0]):
             pending[j] = reader.submit(read, j)
 
     def upload(j):
@@ -217,12 +245,13 @@ def _stream(work, score, device, max_tokens: int, dim: int, dtype: torch.dtype, 
         b = j % 2
         if j in pending:
             pending.pop(j).result()
-            source = staging[b][: t1 - t0]
+            sources = [buffer[: t1 - t0] for buffer in staging[b]]
         else:
-            source = segment.embeddings[t0:t1]
+            sources = [part[t0:t1] for part in segment.parts()]
         with torch.cuda.stream(copy_stream):
             copy_stream.wait_event(consumed[b])  # scoring of chunk j - 2 has left buffers[b]
-            buffers[b][: t1 - t0].copy_(source, non_blocking=True)
+            for buffer, source in zip(buffers[b], sources):
+                buffer[: t1 - t0].copy_(source, non_blocking=True)
             copied[b].record(copy_stream)
             staged_free[b].record(copy_stream)
 
@@ -255,5 +284,6 @@ def _stream(work, score, device, max_tokens: int, dim: int, dtype: torch.dtype, 
             reader.shutdown(wait=True)
         copy_stream.synchronize()
         compute.synchronize()
-        for buffer in buffers:
-            buffer.record_stream(copy_stream)
+        for parts in buffers:
+            for buffer in parts:
+                buffer.record_stream(copy_stream)

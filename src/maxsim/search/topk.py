@@ -414,6 +414,21 @@ def score_packed_chunk(q, cu_q, max_q, d, cu_d_host: np.ndarray, start: int, sto
     return maxsim.maxsim_varlen(q, chunk, cu_q, cu, max_q, max_d)  # [Nq, c]
 
 
+def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start: int, stop: int,
+                          token_base: int = 0) -> torch.Tensor:
+    """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a one-byte corpus:
+    ``queries`` a list of Nq ``[L_i, d]`` float tensors; ``values [t, d]`` int8 / float8_e4m3fn and
+    ``scales [t]`` fp32 whose rows ``cu_d_host[start] - token_base ...`` are the chunk's tokens.
+    ``maxsim_quantized_varlen`` scores them (the stream kernel on the bytes on CUDA without a
+    gradient; dequantised chunks otherwise)."""
+    from maxsim.compressed.quantized import maxsim_quantized_varlen  # (maxsim.search loads first)
+
+    t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
+    cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0)  # [c + 1] on the host, as it checks them there
+    return maxsim_quantized_varlen(queries, values[t0 - token_base:t1 - token_base],
+                                   scales[t0 - token_base:t1 - token_base], cu)  # [Nq, c]
+
+
 def _score_subset_packed(running, q, cu_q, max_q, d, cu_d_host, subset, chunk_documents, scratch_bytes):
     Nq, Nd = cu_q.numel() - 1, cu_d_host.size - 1
     candidates = _subset_tensor(subset, Nq, Nd, q.device)  # [Nq, K]
