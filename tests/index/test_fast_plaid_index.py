@@ -14,6 +14,7 @@ import torch
 
 import maxsim.index
 from maxsim.compressed import ResidualCodec
+from maxsim.index.search import resolve_settings
 
 
 def _write_fast_plaid(path, doc_lengths, chunk_sizes, *, nbits=2, dim=32, num_centroids=24, merged=False,
@@ -189,3 +190,69 @@ def test_search_command_reads_an_index(tmp_path):
     want = [f"{qi} Q0 {int(p)} {rank} {float(s):.6f} maxsim" for qi in range(3)
             for rank, (p, s) in enumerate(zip(pids[qi], scores[qi]), 1)]
     assert lines == want
+
+
+def _reference_search(index, q, k, ncells, threshold, ndocs, dtype):
+    """One query's PLAID search written out plainly (loops over candidates): the batched search's
+    oracle. q [L, d] real tokens. Returns (scores [<= k], pids [<= k]) best first."""
+    S = (index.codec.centroids.float() @ q.float().T)  # [C, L]
+    cells = S.argmax(0) if ncells == 1 else S.topk(min(ncells, S.shape[0]), dim=0).indices.flatten()
+    pids = sorted({int(p) for c in torch.unique(cells).tolist()
+                   for p in index.ivf[index.ivf_offsets[c]:index.ivf_offsets[c + 1]].tolist()})
+    if not pids:
+        return torch.zeros(0), torch.zeros(0, dtype=torch.int64)
+    keep_code = S.amax(1) >= threshold if threshold is not None else torch.ones(S.shape[0], dtype=torch.bool)
+
+    def approx(pid, prune):
+        codes = index.codes[index.cu_seqlens[pid]:index.cu_seqlens[pid + 1]].long()
+        if prune:
+            codes = codes[keep_code[codes]]
+        if codes.numel() == 0:
+            return -9999.0 * q.shape[0]
+        return float(S[codes].amax(0).sum())
+
+    def best(cands, scores, n):  # score descending, then the higher pid
+        ranked = sorted(zip(scores, cands), key=lambda t: (-t[0], -t[1]))[:n]
+        return [p for _, p in ranked], [s for s, _ in ranked]
+
+    pids, scores = best(pids, [approx(p, threshold is not None) for p in pids], ndocs)
+    if threshold is not None:
+        scores = [approx(p, False) for p in pids]
+    pids, _ = best(pids, scores, max(1, ndocs // 4))
+    decoded = index.codec.decode(index.codes, index.residuals, normalize=True, dtype=dtype).double()
+    qd = q.to(dtype).double()
+    exact = [float((qd @ decoded[index.cu_seqlens[p]:index.cu_seqlens[p + 1]].T).amax(1).sum()) for p in pids]
+    order = sorted(range(len(pids)), key=lambda i: -exact[i])[:k]  # stable: ties keep the approximate order
+    return torch.tensor([exact[i] for i in order], dtype=torch.float64), torch.tensor([pids[i] for i in order])
+
+
+@pytest.mark.parametrize("settings,extra", [("fast-plaid", {}), ("colbert", {}), ("colbert", dict(ncells=3)),
+                                            ("colbert", dict(ndocs=8))], ids=["fast-plaid", "colbert", "3-cells",
+                                                                             "ndocs-8"])
+def test_batched_search_equals_each_query_searched_alone(tmp_path, settings, extra):
+    # Every query of the batch through every stage at once: the same pids and scores as the plain
+    # per-query pipeline, with masked query tokens, a query with no real token and k beyond the
+    # candidates (padded with -inf / -1).
+    doc_lengths = torch.randint(0, 14, (80,)).tolist()
+    _write_fast_plaid(str(tmp_path), doc_lengths, [50, 30], merged=True, num_centroids=24)
+    index = maxsim.index.load(tmp_path)
+    Q = torch.nn.functional.normalize(torch.randn(5, 6, 32), dim=-1)
+    q_mask = torch.rand(5, 6) > 0.3
+    q_mask[:, 0] = True
+    q_mask[3] = False
+    k = 7
+    scores, pids = index.search(Q, k=k, q_mask=q_mask, settings=settings, decode_dtype=torch.float32, **extra)
+    ncells, threshold, ndocs = resolve_settings(k, settings, extra.get("ncells"), "default", extra.get("ndocs"))
+    for i in range(5):
+        if not q_mask[i].any():
+            assert torch.all(pids[i] == -1) and torch.all(scores[i] == float("-inf"))
+            continue
+        want_scores, want_pids = _reference_search(index, Q[i][q_mask[i]], k, ncells, threshold, ndocs, torch.float32)
+        n = want_pids.numel()
+        torch.testing.assert_close(scores[i, :n].double(), want_scores, atol=1e-5, rtol=1e-5)
+        gaps = (want_scores[:-1] - want_scores[1:]).abs() > 1e-4  # near-ties may swap places
+        same = torch.ones(n, dtype=torch.bool)
+        same[:-1] &= gaps
+        same[1:] &= gaps
+        assert torch.equal(pids[i, :n][same], want_pids[same])
+        assert torch.all(pids[i, n:] == -1) and torch.all(scores[i, n:] == float("-inf"))

@@ -1,27 +1,39 @@
-"""PLAID search over a loaded index (colbert-ai's pipeline, on maxsim's scoring).
+"""PLAID search over a loaded index (colbert-ai's pipeline, on maxsim's scoring), every query of a
+batch through each stage at once (no loop over queries):
 
-For each query:
-  1. centroid scores S = centroids @ q.T                          [C, Lq] fp32
-  2. IVF probe: the top ``ncells`` centroids of every query token; candidates = union of their pids
-  3. pruned approximate score (``centroid_score_threshold``): centroid scores only, tokens whose
-     centroid is below the threshold for every query token dropped; keep the top ``ndocs``
-  4. full approximate score (no pruning) of those; keep the top ndocs // 4
-  5. exact MaxSim on the decoded residuals of those; the top k
+  1. centroid scores S = Q @ centroids.T                              [Nq, Lq, C] fp32
+  2. IVF probe: the top ``ncells`` centroids of every real query token; each query's candidates
+     are the union of their pids: (query, pid) pairs                 [P]
+  3. pruned approximate score (``centroid_score_threshold``): centroid scores only, document
+     tokens whose centroid is below the threshold for every token of that query dropped; each
+     query keeps its top ``ndocs`` pairs
+  4. full approximate score (no pruning) of those; each query keeps its top ndocs // 4
+  5. exact MaxSim of those pairs on their decoded residuals (each document decoded once for all
+     the queries that kept it); each query's top k
 Without a threshold (fast-plaid's settings) steps 3 and 4 are one: the top ndocs by the full
-approximate score, then the top ndocs // 4 of the same scores.
+approximate score, then the top ndocs // 4 of the same scores. Ties go to the higher pid in the
+approximate stages (colbert-ai's priority queue) and keep that order in the exact one.
+
+Work is bounded by ``_PAIR_TOKENS``: the approximate and exact stages walk the pairs in chunks of
+at most that many document tokens.
 """
 
 from __future__ import annotations
 
 import torch
 
+import maxsim as _maxsim
+
 from ..compressed._inputs import check_q_mask
-from ..compressed.scoring import maxsim_residual_varlen, plaid_approx_score
+from ..compressed.scoring import EMPTY_TOKEN_SCORE
 
 SETTINGS = ("colbert", "fast-plaid")
 # fast-plaid's search defaults (n_ivf_probe, n_full_scores); it never prunes by threshold
 FAST_PLAID_NCELLS = 8
 FAST_PLAID_NDOCS = 4096
+# Document tokens a chunk of (query, pid) pairs holds in the approximate and exact stages: bounds
+# the gathered centroid scores ([tokens, Lq] fp32) and the decoded tokens ([tokens, d]).
+_PAIR_TOKENS = 1 << 20
 
 
 def colbert_defaults(k: int):
@@ -53,71 +65,151 @@ def resolve_settings(k, settings="colbert", ncells=None, centroid_score_threshol
     return ncells, threshold, ndocs
 
 
-def _top(scores, pids, n):
-    """The n best (score, pid), higher pid first among equal scores (colbert-ai's priority queue)."""
-    order = torch.argsort(pids, descending=True)
-    scores, pids = scores[order], pids[order]
-    order = torch.sort(scores, descending=True, stable=True).indices[:n]
-    return scores[order], pids[order]
-
-
 def gather_documents(index, pids):
     """codes [T'], residuals [T', P] and cu_seqlens [n + 1] of the documents ``pids`` [n]."""
-    pids = pids.to(index.cu_seqlens.device).long()
+    rows, cu = _token_rows(index, pids.to(index.cu_seqlens.device).long())
+    rows = rows.to(index.codes.device)
+    return index.codes[rows], index.residuals[rows], cu
+
+
+def _token_rows(index, pids):
+    """The index rows [T'] of documents ``pids`` [n] (on the index's device) back to back, and
+    their cu_seqlens [n + 1]."""
     starts = index.cu_seqlens[pids]  # [n]
     lengths = index.doc_lengths[pids]  # [n]
     cu = torch.zeros(pids.numel() + 1, dtype=torch.int64, device=pids.device)
     torch.cumsum(lengths, 0, out=cu[1:])
     total = int(cu[-1])
     token = torch.arange(total, device=pids.device) - torch.repeat_interleave(cu[:-1], lengths, output_size=total)
-    token = token + torch.repeat_interleave(starts, lengths, output_size=total)  # [T'] rows in the index
-    token = token.to(index.codes.device)
-    return index.codes[token], index.residuals[token], cu
+    return token + torch.repeat_interleave(starts, lengths, output_size=total), cu
 
 
-def _candidates(index, scores, ncells):
-    """pids (sorted, unique) in the IVF lists of each query token's top ``ncells`` centroids."""
+def _candidate_pairs(index, S, real, ncells):
+    """(query [P], pid [P]) int64 on S's device, sorted by query then pid: every pid in the IVF
+    lists of each real query token's top ``ncells`` centroids. S [Nq, Lq, C], real [Nq, Lq]."""
+    num_queries, _, num_centroids = S.shape
     if ncells == 1:
-        cells = scores.argmax(dim=0)
+        cells = S.argmax(dim=-1, keepdim=True)  # [Nq, Lq, 1]
     else:
-        cells = scores.topk(min(ncells, scores.shape[0]), dim=0, sorted=False).indices.flatten()
-    cells = torch.unique(cells).to(index.ivf_offsets.device)
-    starts, stops = index.ivf_offsets[cells], index.ivf_offsets[cells + 1]
-    lengths = stops - starts
+        cells = S.topk(min(ncells, num_centroids), dim=-1, sorted=False).indices  # [Nq, Lq, n]
+    query = torch.arange(num_queries, device=S.device).view(-1, 1, 1).expand_as(cells)
+    valid = real.unsqueeze(-1).expand_as(cells)
+    keys = torch.unique(query[valid] * num_centroids + cells[valid])  # (query, cell), each once
+    where = index.ivf_offsets.device
+    query_of_cell, cell = (keys // num_centroids).to(where), (keys % num_centroids).to(where)
+    starts, lengths = index.ivf_offsets[cell], index.ivf_lengths[cell].long()
     total = int(lengths.sum())
-    if total == 0:
-        return torch.zeros(0, dtype=torch.int64, device=index.ivf.device)
     offsets = torch.zeros_like(lengths)
     torch.cumsum(lengths[:-1], 0, out=offsets[1:])
-    position = torch.arange(total, device=lengths.device) - torch.repeat_interleave(offsets, lengths, output_size=total)
+    position = torch.arange(total, device=where) - torch.repeat_interleave(offsets, lengths, output_size=total)
     position = position + torch.repeat_interleave(starts, lengths, output_size=total)
-    return torch.unique(index.ivf[position])
+    pair_query = torch.repeat_interleave(query_of_cell, lengths, output_size=total)
+    num_docs = len(index)
+    pairs = torch.unique(pair_query * num_docs + index.ivf[position].long()).to(S.device)
+    return pairs // num_docs, pairs % num_docs
 
 
-def search_one(index, q, k, ncells, threshold, ndocs, decode_dtype):
-    """One query q [Lq, d] -> (scores [<= k] fp32, pids [<= k] int64), best first."""
-    codec = index.codec
-    device = q.device
-    scores = codec.centroids.to(device).float() @ q.float().T  # [C, Lq]
-    pids = _candidates(index, scores, ncells).to(device)
+def _chunks(lengths):
+    """[start, stop) ranges of consecutive pairs whose documents hold at most _PAIR_TOKENS tokens
+    (at least one pair each). lengths: [P] int64 on the host."""
+    cumulative = torch.cumsum(lengths, 0)
+    bounds, start = [], 0
+    while start < lengths.numel():
+        base = int(cumulative[start - 1]) if start else 0
+        stop = int(torch.searchsorted(cumulative, base + _PAIR_TOKENS, right=True))
+        stop = max(stop, start + 1)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _approx_scores(index, S, real, query, pids, threshold):
+    """PLAID's centroid-only score of each pair [P] fp32: per real query token the max over the
+    document's tokens of its centroid's score (tokens below ``threshold`` for every token of that
+    query dropped; -9999 where none is left), summed over the query's real tokens."""
+    S = S.masked_fill(~real.unsqueeze(-1), float("-inf"))  # a masked token never decides keep / drop
+    keep = None if threshold is None else S.amax(dim=1) >= float(threshold)  # [Nq, C]
+    where = index.cu_seqlens.device
+    lengths = index.doc_lengths[pids.to(where)].cpu()
+    out = torch.empty(pids.numel(), dtype=torch.float32, device=S.device)
+    for start, stop in _chunks(lengths):
+        rows, cu = _token_rows(index, pids[start:stop].to(where))
+        codes = index.codes[rows.to(index.codes.device)].to(S.device).long()  # [T]
+        counts = (cu[1:] - cu[:-1]).to(S.device)
+        pair_of_token = torch.repeat_interleave(torch.arange(stop - start, device=S.device), counts,
+                                                output_size=codes.numel())  # [T]
+        token_query = query[start:stop][pair_of_token]  # [T]
+        gathered = S[token_query, :, codes]  # [T, Lq]
+        if keep is not None:
+            gathered = gathered.masked_fill(~keep[token_query, codes].unsqueeze(-1), float("-inf"))
+        best = torch.full((stop - start, S.shape[1]), EMPTY_TOKEN_SCORE, device=S.device)
+        best.scatter_reduce_(0, pair_of_token.unsqueeze(-1).expand_as(gathered), gathered, reduce="amax",
+                             include_self=True)
+        out[start:stop] = best.masked_fill(~real[query[start:stop]], 0.0).sum(dim=1)
+    return out
+
+
+def _best_per_query(query, scores, pids, n, num_queries):
+    """Positions (into the pairs) of each query's n best pairs, by score then the higher pid,
+    grouped by query in that order."""
+    order = torch.argsort(pids, descending=True, stable=True)
+    order = order[torch.sort(scores[order], descending=True, stable=True).indices]
+    order = order[torch.sort(query[order], stable=True).indices]
+    grouped = query[order]
+    first = torch.searchsorted(grouped, torch.arange(num_queries, device=grouped.device))
+    rank = torch.arange(grouped.numel(), device=grouped.device) - first[grouped]
+    return order[rank < n]
+
+
+def _exact_scores(index, q, cu_q, max_q, query, pids, decode_dtype):
+    """MaxSim of each pair [P] fp32 on its document's decoded residuals (normalised as colbert-ai
+    does), each document decoded once a chunk for every query of the chunk that kept it."""
+    codec = index.codec.to(q.device) if index.codec.device != q.device else index.codec
+    where = index.cu_seqlens.device
+    lengths = index.doc_lengths[pids.to(where)].cpu()
+    out = torch.empty(pids.numel(), dtype=torch.float32, device=q.device)
+    for start, stop in _chunks(lengths):
+        docs, local = torch.unique(pids[start:stop], return_inverse=True)  # each document once
+        codes, residuals, cu_d = gather_documents(index, docs)
+        decoded = codec.decode(codes.to(q.device), residuals.to(q.device), normalize=True, dtype=decode_dtype)
+        max_d = int((cu_d[1:] - cu_d[:-1]).max())
+        out[start:stop] = _maxsim.score_pairs_packed(q, decoded, cu_q, cu_d.to(q.device), query[start:stop], local,
+                                                     max_seqlen_q=max_q, max_seqlen_d=max_d)
+    return out
+
+
+def _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype):
+    """(scores [Nq, k] fp32, pids [Nq, k] int64) for Q [Nq, Lq, d] with real tokens ``real``."""
+    num_queries = Q.shape[0]
+    device = Q.device
+    out_scores = torch.full((num_queries, k), float("-inf"), device=device)
+    out_pids = torch.full((num_queries, k), -1, dtype=torch.int64, device=device)
+    S = Q.float() @ index.codec.centroids.to(device).float().T  # [Nq, Lq, C]
+    query, pids = _candidate_pairs(index, S, real, ncells)
     if pids.numel() == 0:
-        return torch.zeros(0, device=device), pids
-    query_scores = scores.T.unsqueeze(0)  # [1, Lq, C]
-
-    def approx(pids_, threshold_):
-        codes, _, cu = gather_documents(index, pids_)
-        return plaid_approx_score(q, codes.to(device), cu, codec, centroid_score_threshold=threshold_,
-                                  scores=query_scores)
-
-    approx_scores, pids = _top(approx(pids, threshold), pids, ndocs)
+        return out_scores, out_pids
+    approx = _approx_scores(index, S, real, query, pids, threshold)
+    kept = _best_per_query(query, approx, pids, ndocs, num_queries)
+    query, pids, approx = query[kept], pids[kept], approx[kept]
     if threshold is not None:
-        approx_scores = approx(pids, None)
-    _, pids = _top(approx_scores, pids, max(1, ndocs // 4))
-    codes, residuals, cu = gather_documents(index, pids)
-    exact = maxsim_residual_varlen(q, codes.to(device), residuals.to(device), cu, codec, normalize=True,
-                                   decode_dtype=decode_dtype)
-    order = torch.sort(exact, descending=True, stable=True).indices[:k]
-    return exact[order], pids[order]
+        approx = _approx_scores(index, S, real, query, pids, None)
+    kept = _best_per_query(query, approx, pids, max(1, ndocs // 4), num_queries)
+    query, pids = query[kept], pids[kept]
+    lengths = real.sum(dim=1)  # [Nq] real tokens a query
+    q = Q[real].to(decode_dtype)  # [Tq, d]: real tokens only, packed
+    cu_q = torch.zeros(num_queries + 1, dtype=torch.int64, device=device)
+    torch.cumsum(lengths, 0, out=cu_q[1:])
+    exact = _exact_scores(index, q, cu_q, int(lengths.max()), query, pids, decode_dtype)
+    # the top k of each query; equal exact scores keep the approximate order
+    order = torch.sort(exact, descending=True, stable=True).indices
+    order = order[torch.sort(query[order], stable=True).indices]
+    grouped = query[order]
+    rank = torch.arange(grouped.numel(), device=device) - \
+        torch.searchsorted(grouped, torch.arange(num_queries, device=device))[grouped]
+    top = order[rank < k]
+    out_scores[query[top], rank[rank < k]] = exact[top]
+    out_pids[query[top], rank[rank < k]] = pids[top]
+    return out_scores, out_pids
 
 
 def search(index, Q, k=10, *, ncells=None, centroid_score_threshold="default", ndocs=None, settings="colbert",
@@ -147,16 +239,9 @@ def search(index, Q, k=10, *, ncells=None, centroid_score_threshold="default", n
     if decode_dtype is None:
         on_cpu_colbert = index.format == "colbert" and Q.device.type == "cpu"
         decode_dtype = torch.float32 if on_cpu_colbert else torch.float16
-    out_scores = torch.full((Q.shape[0], k), float("-inf"), device=Q.device)
-    out_pids = torch.full((Q.shape[0], k), -1, dtype=torch.int64, device=Q.device)
+    real = torch.ones(Q.shape[:2], dtype=torch.bool, device=Q.device) if q_mask is None else q_mask.to(Q.device)
     with torch.no_grad():
-        for i in range(Q.shape[0]):
-            q = Q[i] if q_mask is None else Q[i][q_mask[i]]
-            if q.shape[0] == 0:
-                continue
-            scores, pids = search_one(index, q, k, ncells, threshold, ndocs, decode_dtype)
-            out_scores[i, :scores.numel()] = scores
-            out_pids[i, :pids.numel()] = pids.to(out_pids.device)
+        out_scores, out_pids = _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype)
     if single:
         return out_scores[0], out_pids[0]
     return out_scores, out_pids
