@@ -160,6 +160,21 @@ for _format in ("int8", "fp8_e4m3"):
     for _suffix, _dtype in (("", torch.float32), (" / fp16", torch.float16), (" / bf16", torch.bfloat16)):
         method(f"{_format}{_suffix}", lambda d: d + 4)(_quantized(_format, _dtype))
 
+def _both_quantized(format):
+    """Documents and queries quantised (one scale a token each): what a one-byte tensor-core dot
+    (int8 x int8 -> int32, or e4m3 x e4m3 -> fp32) computes, emulated exactly in fp32."""
+    def score(Q, q_mask, docs):
+        packed, cu, _ = maxsim.pack(docs)
+        values, scales = quantize_tokens(packed, format)  # [T, d], [T] fp32
+        q_values, q_scales = quantize_tokens(Q, format)  # [Nq, Lq, d], [Nq, Lq]
+        Q_read = q_values.float() * q_scales.unsqueeze(-1)  # the query the dot sees
+        return maxsim_quantized_varlen(Q_read, values, scales, cu, q_mask=q_mask)
+    return score
+
+
+for _format, _name in (("int8", "int8 x int8 query"), ("fp8_e4m3", "fp8_e4m3 x fp8 query")):
+    method(_name, lambda d: d + 4)(_both_quantized(_format))
+
 _CENTROIDS: dict = {}  # id(docs) -> centroids, so the 2- and 4-bit codecs share one k-means
 
 

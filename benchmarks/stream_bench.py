@@ -105,6 +105,11 @@ def main() -> None:
             config = stream_config(rows_q, args.dim)
             row(f"stream BN {config['BN']} {config['num_warps']}w", nq, enc,
                 lambda: stream_forward(q, data, cu_q, cu, args.query_len, config=config, scales=scales), ref)
+            if scales is not None:  # the query quantised too: the bytes multiplied on the tensor cores
+                q_values, q_scales = quantize_tokens(q, "int8" if enc == "int8" else "fp8_e4m3")
+                row(f"stream BN {config['BN']} {config['num_warps']}w, {enc} query", nq, enc,
+                    lambda: stream_forward(q_values, data, cu_q, cu, args.query_len, config=config, scales=scales,
+                                           query_scales=q_scales), ref)
         if args.sweep:  # tiles: BN tokens, warps, documents a slot group (1 query: every encoding)
             grid = ([(bn, warps) for bn in (64, 128) for warps in (1, 2, 4)] if nq == 1 else
                     [(bn, warps) for bn in (64, 128) for warps in (4, 8)])

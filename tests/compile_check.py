@@ -169,14 +169,22 @@ def varlen_variants():
     yield "varlen cross fp32 tf32x3", _maxsim_varlen_cross_kernel, dict(vc, BM=128, BK=64, NUM_K=2, SEG=32,
                                                                        DOT_PRECISION="tf32x3"), \
         dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 8
-    sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False)
+    sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False,
+              QDOT=False)
     del sc["SAVE_ARGMAX"]
-    sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32",
-                 codes_ptr="fp16", cent_ptr="fp16", w_ptr="fp16")
+    sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
+                 out_ptr="fp32", codes_ptr="fp16", cent_ptr="fp16", w_ptr="fp16")
     yield "varlen stream 1 query", _maxsim_varlen_stream_kernel, sc, sptrs, 1
     yield "varlen stream int8", _maxsim_varlen_stream_kernel, dict(sc, SCALED=True), dict(sptrs, d_ptr="i8"), 1
     yield "varlen stream fp8 (bytes), 32 queries", _maxsim_varlen_stream_kernel, \
         dict(sc, BM=128, SCALED=True, FP8=True), dict(sptrs, d_ptr="u8"), 4
+    one_byte = dict(sc, SCALED=True, QDOT=True)
+    yield "varlen stream int8 x int8 query", _maxsim_varlen_stream_kernel, one_byte, \
+        dict(sptrs, q_ptr="i8", d_ptr="i8"), 1
+    yield "varlen stream e4m3 x e4m3 query", _maxsim_varlen_stream_kernel, dict(one_byte, FP8=True), \
+        dict(sptrs, q_ptr="u8", d_ptr="u8"), 1
+    yield "varlen stream int8 x int8, 32 queries", _maxsim_varlen_stream_kernel, dict(one_byte, BM=128), \
+        dict(sptrs, q_ptr="i8", d_ptr="i8"), 4
     pptrs = dict(cptrs, pq_ptr="i64", pd_ptr="i64")
     yield "pairs", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128), pptrs, 4
     yield "pairs argmax", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128, SAVE_ARGMAX=True), pptrs, 4
@@ -226,9 +234,9 @@ def compressed_variants():
     by maxsim/compressed/forward.py): one query against 1-, 2-, 4- and 8-bit indexes (d = 128),
     raw (no normalize), int64 codes, many stacked rows, fp32 decode."""
     base = dict(BM=32, BN=64, BK=128, NUM_K=1, SEG=32, EVEN_K=True, SCALED=False, FP8=False, DOT_PRECISION="tf32",
-                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True)
-    ptrs = dict(q_ptr="fp16", d_ptr="u8", scale_ptr="fp16", cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32",
-                codes_ptr="i32", cent_ptr="fp16", w_ptr="fp16")
+                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True, QDOT=False)
+    ptrs = dict(q_ptr="fp16", d_ptr="u8", scale_ptr="fp16", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
+                out_ptr="fp32", codes_ptr="i32", cent_ptr="fp16", w_ptr="fp16")
     for nbits in (1, 2, 4, 8):  # the table's tile: BN 64, four warps (the decoded tile needs them)
         yield f"residual stream one query nbits={nbits}", _maxsim_varlen_stream_kernel, dict(base, NBITS=nbits), \
             ptrs, 4, 2
@@ -249,7 +257,7 @@ EXPECT_WGMMA = {
     "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
     "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual stream 128 stacked rows",
     "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
-    "varlen cross fp32 tf32x3",
+    "varlen cross fp32 tf32x3", "varlen stream int8 x int8, 32 queries",
 }
 
 

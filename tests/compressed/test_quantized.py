@@ -400,6 +400,14 @@ def test_inference_reads_the_bytes_in_the_stream_kernel(format, dtype, monkeypat
     chunked = maxsim_quantized_varlen(Q_host.to(**on), values, scales, cu, q_mask=q_mask.to(**on), chunk_documents=2)
     assert len(calls) == 4  # host corpus, three chunks of the bytes
     torch.testing.assert_close(chunked, got, rtol=1e-6, atol=1e-6)  # tiles fall elsewhere: fp32 sums may round apart
+    # quantize_query=True: the query quantised to the corpus's format, the bytes multiplied
+    both = maxsim_quantized_varlen(Q_host.to(**on), values.to(**on), scales.to(**on), cu.to(**on),
+                                   q_mask=q_mask.to(**on), quantize_query=True)
+    q_values, q_scales = quantize_tokens(Q_host.float(), format)
+    Q_read = q_values.double() * q_scales.double()[..., None]
+    torch.testing.assert_close(both.cpu().double(), _oracle(Q_read, D, q_mask, d_mask), rtol=1e-5, atol=1e-4)
+    with pytest.raises(TypeError, match="quantize_query"):
+        maxsim_quantized_varlen(Q_host.to(**on), values, scales, cu, quantize_query="yes")
 
 
 # ---------------------------------------------------------------------- bad input

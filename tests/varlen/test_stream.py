@@ -81,6 +81,23 @@ def test_one_byte_tokens_with_scales(fmt):
     assert torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_one_byte_queries_on_the_one_byte_dot(fmt):
+    # Q quantised like the tokens: the tensor-core dot of the bytes, then both scales; against
+    # float64 on the dequantised query and tokens (exact products: only the fp32 sums round).
+    from maxsim.compressed.quantized import quantize_tokens
+
+    q, cu_q = packed([5, 9, 2], dim=40, dtype=torch.float32, ints=False)
+    x, cu_d = packed([3, 11, 0, 1, 7, 8, 20], dim=40, dtype=torch.float32, ints=False)
+    values, scales = quantize_tokens(x, fmt)
+    q_values, q_scales = quantize_tokens(q, fmt)
+    for config in (dict(SMALL, BK=64), dict(SMALL, BK=16)):  # d = 40 in one masked chunk, or three
+        got = stream_forward(q_values, values, cu_q, cu_d, 9, config=config, scales=scales, query_scales=q_scales)
+        ref = definition(q_values.double() * q_scales.double()[:, None], cu_q, values.float(), cu_d, scales)
+        assert torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+        assert torch.all(got[:, 2] == 0)
+
+
 def test_invalid_offsets_are_nan_never_a_wrong_number():
     q, cu_q = packed([4, 6])
     d, cu_d = packed([5, 7, 3, 6, 2, 9])
@@ -115,6 +132,17 @@ def test_maxsim_varlen_routes_inference_through_the_stream():
     assert select.forward_choice(q, 2, 5, pairs=False, argmax=True).kernel.name == "varlen.cross_forward"
     got = maxsim.maxsim_varlen(q, d, cu_q, cu_d)
     assert torch.equal(got.cpu().double(), definition(q, cu_q, d, cu_d))
+
+
+def test_one_byte_dot_is_taken_where_measured_or_asked(monkeypatch):
+    from maxsim.selection import varlen as select
+    from maxsim.tuning import tables
+
+    assert select.quantize_query(None, "sm90")[0] is False  # not measured yet anywhere
+    assert select.quantize_query(True, "sm90")[0] is True and select.quantize_query(False, "sm90")[0] is False
+    monkeypatch.setattr(tables, "ONE_BYTE_DOT_FAMILIES", ("sm90",))
+    taken, why = select.quantize_query(None, "sm90")
+    assert taken and "measured" in why and select.quantize_query(None, "unmeasured")[0] is False
 
 
 @pytest.mark.gpu

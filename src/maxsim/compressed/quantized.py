@@ -32,6 +32,7 @@ from ._inputs import (check_chunk_documents, check_cu_seqlens, check_mask, check
                       describe)
 
 FORMATS = ("int8", "fp8_e4m3")
+FORMAT_OF_DTYPE = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
 # Largest magnitude each format's values may take (int8 keeps -128 unused: symmetric).
 _FORMAT_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 _VALUE_DTYPES = (torch.int8, torch.float8_e4m3fn)
@@ -220,7 +221,8 @@ def _packed_queries(Q, q_mask, dim):
     return packed, cu_q, max_q, single_query
 
 
-def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chunk_documents=None):
+def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chunk_documents=None,
+                            quantize_query=None):
     """MaxSim of Q against packed quantised documents (the exclude rule).
 
     Q: padded [Nq, Lq, d] (with an optional q_mask [Nq, Lq]), one query [Lq, d] (q_mask [Lq]), or
@@ -231,9 +233,15 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     scratch, at least one): on the Triton backend without a gradient, by the stream kernel on the
     bytes (exact products ``s (q . v)``, fp32); otherwise ``maxsim.maxsim_varlen`` on the tokens
     dequantised in Q's dtype. Empty documents score 0. Differentiable in Q.
+    ``quantize_query`` (the stream kernel only): quantise each query token to the corpus's format
+    too, so that the tensor cores multiply bytes (int8 x int8, e4m3 x e4m3); True / False, or None
+    for the selection's rule (``maxsim.selection.varlen.quantize_query``). Ranking cost on MiniLM
+    tokens: none at top-10 (BENCHMARKS.md); scores move by the query's own rounding.
     """
     _check_quantized(values, scales)
     _check_scale_values(scales)
+    if quantize_query is not None and not isinstance(quantize_query, bool):
+        raise TypeError(f"maxsim: quantize_query must be True, False or None, got {quantize_query!r}")
     if values.dim() != 2:
         raise ValueError(f"maxsim: values must have shape [T, d], got {tuple(values.shape)}")
     total, dim = values.shape
@@ -250,7 +258,7 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
         if fused:  # the one-byte tokens go to the kernel as they are, widened on chip
             return quantized_scores(q_packed, chunk_values.to(device).contiguous(),
                                     chunk_scales.to(device, torch.float32).contiguous(), cu_q, cu_chunk, max_q,
-                                    chunk_max)
+                                    chunk_max, quantize_query)
         D = dequantize_tokens(chunk_values.to(device), chunk_scales.to(device), dtype)  # [n tokens, d]
         # both max lengths given: no host synchronisation inside (the offsets were checked above)
         return _maxsim.maxsim_varlen(q_packed.to(dtype), D, cu_q, cu_chunk, max_seqlen_q=max_q,

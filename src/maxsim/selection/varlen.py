@@ -72,3 +72,13 @@ def backward_config(strategy: str, max_q: int, dim: int, n_pairs: int) -> dict:
         return dict(BD=BD, BR=BR, pairs_per_program=max(1, min(t["PAIRS_MAX"], n_pairs)), num_warps=t["num_warps"])
     f = dict(d=BD)
     return dict(BD=BD, num_warps=tile_of(first_match(T.VARLEN_OWNED_BACKWARD, f), f)["num_warps"])
+
+
+def quantize_query(explicit: bool | None, family: str) -> tuple[bool, str]:
+    """For one-byte corpora: whether the query is quantised too (the one-byte tensor-core dot), and
+    why. ``explicit``: the caller's ``quantize_query`` (None: this rule)."""
+    if explicit is not None:
+        return explicit, f"quantize_query={explicit} was asked for"
+    if family in T.ONE_BYTE_DOT_FAMILIES:
+        return True, f"the one-byte dot was measured faster on {family} (ranking unchanged at top-10)"
+    return False, f"the one-byte dot is not measured on {family}: the tokens are widened to the query's dtype"

@@ -169,6 +169,11 @@ VARLEN_STREAM_SM90 = (
     Rule("stacked queries", When(), _T(BM="rows<=128", BN=64, BK="d", num_warps=4, num_stages=2, waves=8),
          _STREAM_RECORD),
 )
+# One-byte corpora (int8, fp8 e4m3): the GPU families where quantising the query too, so that the
+# tensor cores multiply the bytes (int8 x int8 -> int32; e4m3 x e4m3), was measured to beat
+# widening the tokens to the query's dtype. quantize_query=None takes it there. Ranking cost,
+# measured on MiniLM tokens (BENCHMARKS.md, ranking fidelity): none at top-10. None yet (untimed).
+ONE_BYTE_DOT_FAMILIES: tuple[str, ...] = ()
 VARLEN_ATOMIC_BACKWARD = (Rule("atomics", When(), _T(BR_MAX=16, ELEMENTS=4096, PAIRS_MAX=64, num_warps=4)),)
 VARLEN_OWNED_BACKWARD = (Rule("d <= 128", When(d=(1, 128)), _T(num_warps=1)), Rule("wider", When(), _T(num_warps=4)))
 

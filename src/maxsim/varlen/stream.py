@@ -41,10 +41,12 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, EVEN_K: tl.constexpr,
                  SCALED: tl.constexpr, FP8: tl.constexpr, INT8_TO_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  DOT_UPCAST: tl.constexpr, RESIDUAL: tl.constexpr, codes_ptr, cent_ptr, w_ptr, num_centroids,
-                 packed_dim, NBITS: tl.constexpr, NORMALIZE: tl.constexpr):
+                 packed_dim, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr, b_qscale):
     """S [BM, BN] fp32 = Q rows . tokens t0 : t0 + BN (rows past t_hi read as 0), scaled per token.
     RESIDUAL: the tokens are decoded on chip from their codes and residual bytes (d_ptr), one
-    [BN, BK] tile with BK >= d (NUM_K == 1)."""
+    [BN, BK] tile with BK >= d (NUM_K == 1). QDOT: Q's rows are one-byte too (int8, or e4m3
+    bytes with FP8), with row scales b_qscale [BM]: the one-byte tensor-core dot (int8 x int8 ->
+    int32, exact; e4m3 x e4m3 -> fp32), then both scales."""
     o_t = t0 + tl.arange(0, BN)  # [BN]
     m_t = o_t < t_hi
     b_s = tl.zeros([BM, BN], dtype=tl.float32)
@@ -55,6 +57,26 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
             b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_x.to(tl.float32)), b_s, input_precision="ieee")
         else:
             b_s = tl.dot(b_q, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
+    elif QDOT:
+        p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
+        o_k = tl.arange(0, BK)
+        for kk in tl.static_range(NUM_K):
+            o_kk = kk * BK + o_k
+            b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0)  # [BN, BK]
+            if NUM_K > 1:
+                b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0)
+            else:
+                b_qk = b_q
+            if FP8:
+                b_d = b_d.to(tl.float8e4nv, bitcast=True)
+                b_qk = b_qk.to(tl.float8e4nv, bitcast=True)
+            if DOT_UPCAST:  # the interpreter: the same exact products in fp32
+                b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            elif FP8:
+                b_s = tl.dot(b_qk, tl.trans(b_d), b_s)
+            else:  # |sum| <= 127 * 127 * d: exact in int32, and in fp32 for d <= 1040
+                b_s += tl.dot(b_qk, tl.trans(b_d), out_dtype=tl.int32).to(tl.float32)
+        b_s = b_s * b_qscale[:, None]
     else:
         p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
         o_k = tl.arange(0, BK)
@@ -105,20 +127,21 @@ def _store_score(out_ptr, b_max, keep, ok, j, i_chunk, o_qb, Nq, Nd, QPB: tl.con
 @triton.jit(do_not_specialize=["Nq", "Nd", "Tq", "Td", "n_chunks", "docs_per_program", "max_q", "max_d",
                                "num_centroids"])
 def _maxsim_varlen_stream_kernel(
-    q_ptr, d_ptr, scale_ptr, cuq_ptr, cud_ptr, out_ptr,
+    q_ptr, d_ptr, scale_ptr, qscale_ptr, cuq_ptr, cud_ptr, out_ptr,  # qscale_ptr: QDOT's [Tq] fp32 row scales
     codes_ptr, cent_ptr, w_ptr,  # RESIDUAL: codes [Td], centroids [C, d] and field weights, in Q's dtype
     Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q, max_d, num_centroids, packed_dim,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, SEG: tl.constexpr,
     EVEN_K: tl.constexpr, SCALED: tl.constexpr, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr, CHECK_BLOCK: tl.constexpr,
-    RESIDUAL: tl.constexpr, NBITS: tl.constexpr, NORMALIZE: tl.constexpr,
+    RESIDUAL: tl.constexpr, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr,
 ):
     """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial sums
     per query chunk). A score whose query or document is invalid (see seq_range) is NaN."""
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
     Q_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
-    INT8_TO_FP16: tl.constexpr = (d_ptr.dtype.element_ty == tl.int8) and (Q_DTYPE == tl.float16) and not RESIDUAL
+    INT8_TO_FP16: tl.constexpr = (d_ptr.dtype.element_ty == tl.int8) and (Q_DTYPE == tl.float16) and not RESIDUAL \
+        and not QDOT
     i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
     m_q = o_q < Nq
     q_lo, q_hi, q_ok = seq_range(tl.load(cuq_ptr + o_q, mask=m_q, other=0),
@@ -127,6 +150,10 @@ def _maxsim_varlen_stream_kernel(
     b_qok = tl.min(tl.reshape(q_ok.to(tl.int32), [QPB, SEG]), axis=1) > 0  # [QPB]
     p_q = q_ptr + (q_lo + o_s).to(tl.int64)[:, None] * dim  # [BM, 1]
     b_q = _load_query_block(p_q, m_row, dim, BK, NUM_K, EVEN_K)
+    if QDOT:
+        b_qscale = tl.load(qscale_ptr + q_lo + o_s, mask=m_row, other=0.0)  # [BM] fp32
+    else:
+        b_qscale = tl.zeros([BM], dtype=tl.float32)  # (unused)
     o_qb = i_qgroup * QPB + tl.arange(0, QPB)
 
     j_lo = (i_n * docs_per_program).to(tl.int64)
@@ -153,7 +180,7 @@ def _maxsim_varlen_stream_kernel(
             t1 = t0 + BN
             b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
-                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE)  # [BM, BN]
+                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale)  # [BM, BN]
             while (j < j_hi) & (hi <= t1):  # every document that ends in this tile
                 hi_next = tl.load(cud_ptr + j + 2, mask=j + 1 < j_hi, other=0)  # in flight during the max
                 b_max = max_nan(_range_max(b_s, t0, lo, hi, BN), b_carry)
@@ -176,7 +203,7 @@ def _maxsim_varlen_stream_kernel(
             for t0 in range(d_lo, d_hi, BN):
                 b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, d_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                    EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
-                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE)
+                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale)
                 b_max = max_nan(b_max, _range_max(b_s, t0, d_lo, d_hi, BN))
             _store_score(out_ptr, b_max, m_row & (d_hi > d_lo), b_qok & d_ok, j, i_chunk, o_qb, Nq, Nd, QPB, SEG)
 
@@ -190,6 +217,7 @@ def stream_forward(
     *,
     config: dict,
     scales: torch.Tensor | None = None,
+    query_scales: torch.Tensor | None = None,
     residual: tuple | None = None,
     max_d: int | None = None,
     precision: str = "ieee",
@@ -201,6 +229,8 @@ def stream_forward(
     cu_q ``[Nq + 1]``, cu_d ``[Nd + 1]`` int64 on q's device; ``max_q`` bounds every query's
     length, ``max_d`` (None: no bound) every document's. A score whose query or document lies
     outside the data or passes its bound is NaN; an empty document scores 0.
+    ``query_scales``: q is one-byte too (the same format as d, with ``query_scales [Tq]`` fp32):
+    the one-byte tensor-core dot, ``(sq sd) (q . v)``.
     ``residual``: PLAID tokens instead: d is the residual bytes ``[Td, d * nbits / 8]`` uint8 and
     ``residual = (codes [Td] int32/int64, centroids [C, dim], weights_by_field [2**nbits], nbits,
     normalize)``, the tables in q's dtype (:func:`maxsim.compressed.forward.decode_tables`): each
@@ -230,13 +260,17 @@ def stream_forward(
     fp8 = d.dtype == torch.float8_e4m3fn
     if fp8:
         d = d.view(torch.uint8)
-    args = (q, d, q if scales is None else scales, cu_q, cu_d, out, *tables,
+        if query_scales is not None:
+            q = q.view(torch.uint8)
+    args = (q, d, out if scales is None else scales, out if query_scales is None else query_scales, cu_q, cu_d, out,
+            *tables,
             Nq, Nd, q.shape[0], d.shape[0], dim, n_chunks, docs_per_program, max_q, max_d, *residual_ints)
     constexprs = dict(
         BM=BM, BN=BN, BK=BK, NUM_K=-(-dim // BK), SEG=seg, EVEN_K=dim % BK == 0, SCALED=scales is not None,
         FP8=fp8, DOT_PRECISION=precision if q.dtype == torch.float32 else "tf32",
-        DOT_UPCAST=interpret and q.dtype == torch.bfloat16, CHECK_BLOCK=_CHECK_BLOCK if not interpret else 16,
-        RESIDUAL=residual is not None, NBITS=nbits, NORMALIZE=normalize,
+        DOT_UPCAST=interpret and (q.dtype == torch.bfloat16 or query_scales is not None),
+        CHECK_BLOCK=_CHECK_BLOCK if not interpret else 16,
+        RESIDUAL=residual is not None, NBITS=nbits, NORMALIZE=normalize, QDOT=query_scales is not None,
     )
     launch(_maxsim_varlen_stream_kernel, (n_mblocks * -(-Nd // docs_per_program),), args, constexprs,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
