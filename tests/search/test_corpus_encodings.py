@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from maxsim.compressed.quantized import dequantize_tokens, maxsim_quantized_varlen, quantize_tokens
+from placement import place, search_within_budget
 from maxsim.search import Corpus
 from maxsim.search import format as corpus_format
 from maxsim.search.cli import add_index_parser, add_search_parser
@@ -136,19 +137,8 @@ def test_gpu_streaming_equals_full_matrix(tmp_path, encoding, where):
     queries = [torch.randint(-2, 3, (32, 128), dtype=torch.float16, device="cuda") for _ in range(16)]
     corpus = Corpus.from_list(docs, encoding=encoding)
     want = sorted_topk(full_scores(queries, corpus.to("cuda")), 100)
-    if where == "pinned":
-        corpus = corpus.pin_memory()
-    elif where == "device":
-        corpus = corpus.to("cuda")
-    elif where == "mmap":
-        corpus.save(tmp_path / "c")
-        corpus = Corpus.load(tmp_path / "c", mmap=True)
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    r = corpus.search(queries, 100, gpu_memory=64 << 20, progress=False)
+    r = search_within_budget(place(corpus, where, tmp_path), queries, 100, 64 << 20, where)
     assert torch.equal(r.indices.cpu(), want[1].cpu()) and torch.equal(r.scores.cpu(), want[0].cpu())
-    if where != "device":
-        assert torch.cuda.max_memory_allocated() - base <= 64 << 20
 
 
 def test_int8_recall_against_float32():

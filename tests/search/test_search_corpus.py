@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import maxsim
+from placement import place, search_within_budget
 from maxsim.search import Corpus
 from maxsim.search import format as corpus_format
 from maxsim.search.stream import plan_chunks
@@ -210,20 +211,9 @@ def test_gpu_streaming_equals_exhaustive(tmp_path, where):
     docs = [torch.randn(int(n), 128, dtype=torch.float16) for n in torch.randint(1, 300, (6000,))]
     queries = [torch.randn(32, 128, dtype=torch.float16, device="cuda") for _ in range(16)]
     want = sorted_topk(maxsim.maxsim_varlen(queries, [x.cuda() for x in docs]), 100)
-    corpus = Corpus.from_list(docs)
-    if where == "pinned":
-        corpus = corpus.pin_memory()
-    elif where == "device":
-        corpus = corpus.to("cuda")
-    elif where == "mmap":
-        corpus.save(tmp_path / "c")
-        corpus = Corpus.load(tmp_path / "c", mmap=True)
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    r = corpus.search(queries, 100, gpu_memory=64 << 20, progress=False)
+    corpus = place(Corpus.from_list(docs), where, tmp_path)
+    r = search_within_budget(corpus, queries, 100, 64 << 20, where)
     assert torch.equal(r.indices.cpu(), want[1].cpu()) and torch.equal(r.scores.cpu(), want[0].cpu())
-    if where != "device":
-        assert torch.cuda.max_memory_allocated() - base <= 64 << 20
 
 
 def test_progress_bar_and_ctrl_c(monkeypatch, capsys):
