@@ -26,6 +26,8 @@ from torch.utils.checkpoint import checkpoint
 import maxsim as _maxsim
 from maxsim import _checks
 from maxsim._dispatch import backend_for
+from maxsim.selection import varlen as select_varlen
+from maxsim.selection.common import device_of
 from maxsim.varlen.ops import quantized_scores
 
 from ._inputs import (check_chunk_documents, check_cu_seqlens, check_mask, check_q_mask, check_query,
@@ -144,12 +146,6 @@ def _run_chunk(fn, Q, *chunk_inputs):
     return fn(Q, *chunk_inputs)
 
 
-def _fused_kernel_runs(q) -> bool:
-    """Whether the packed stream kernel scores one-byte tokens for queries on q's device: the
-    Triton backend (CUDA, or the interpreter when asked)."""
-    return backend_for(q.device) == "triton"
-
-
 # ---------------------------------------------------------------------- padded documents
 def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="exclude", normalize=False,
                      chunk_documents=None):
@@ -252,13 +248,17 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     num_queries, num_docs = cu_q.numel() - 1, cu.numel() - 1
     lengths = cu[1:] - cu[:-1]  # [Nd] on the host
 
-    fused = _fused_kernel_runs(q_packed) and not _needs_grad(q_packed) and max_q > 0
+    # The Triton backend (CUDA, or the interpreter when asked) scores the bytes in the stream kernel.
+    fused = backend_for(q_packed.device) == "triton" and not _needs_grad(q_packed) and max_q > 0
+    query_bytes = None
+    if fused and select_varlen.quantize_query(quantize_query, device_of(q_packed)[1])[0]:
+        query_bytes = quantize_tokens(q_packed, FORMAT_OF_DTYPE[values.dtype])  # once for every chunk
 
     def score_chunk(q_packed, chunk_values, chunk_scales, cu_chunk, chunk_max):
-        if fused:  # the one-byte tokens go to the kernel as they are, widened on chip
+        if fused:  # the one-byte tokens go to the kernel as they are
             return quantized_scores(q_packed, chunk_values.to(device).contiguous(),
                                     chunk_scales.to(device, torch.float32).contiguous(), cu_q, cu_chunk, max_q,
-                                    chunk_max, quantize_query)
+                                    chunk_max, query_bytes)
         D = dequantize_tokens(chunk_values.to(device), chunk_scales.to(device), dtype)  # [n tokens, d]
         # both max lengths given: no host synchronisation inside (the offsets were checked above)
         return _maxsim.maxsim_varlen(q_packed.to(dtype), D, cu_q, cu_chunk, max_seqlen_q=max_q,

@@ -29,22 +29,18 @@ def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=Fal
                           max_d=max_d, precision=precision)
 
 
-def quantized_scores(q, values, scales, cu_q, cu_d, max_q, max_d, quantize_query=None):
+def quantized_scores(q, values, scales, cu_q, cu_d, max_q, max_d, query_bytes=None):
     """Inference scores ``[Nq, Nd]`` of packed q against packed one-byte tokens (int8 or
     float8_e4m3fn ``values [T, d]``, fp32 ``scales [T]``) in the stream kernel (the selection's
-    tile): the tokens widened on chip to q's dtype, or, with the query quantised the same way
-    (``quantize_query``; None: the selection's rule), the bytes multiplied on the tensor cores.
-    Every tensor on q's device, offsets already checked."""
-    from maxsim.compressed.quantized import FORMAT_OF_DTYPE, quantize_tokens  # (the format's own quantiser)
-
+    tile for q): the tokens widened on chip to q's dtype, or, given ``query_bytes = (values [Tq, d],
+    scales [Tq])``, q quantised the same way, the bytes multiplied on the tensor cores. Every
+    tensor on q's device, offsets already checked."""
     choice = select.forward_choice(q, cu_q.numel() - 1, max_q, False, False)
     if choice.kernel is not STREAM_FORWARD:
         raise RuntimeError(f"maxsim: {STREAM_FORWARD.name} cannot run this call")
-    if select.quantize_query(quantize_query, device_of(q)[1])[0]:
-        q_values, q_scales = quantize_tokens(q, FORMAT_OF_DTYPE[values.dtype])
-        return stream_forward(q_values, values, cu_q, cu_d, max_q, config=choice.config, scales=scales,
-                              query_scales=q_scales, max_d=max_d)
-    return stream_forward(q, values, cu_q, cu_d, max_q, config=choice.config, scales=scales, max_d=max_d)
+    q_in, q_scales = (q, None) if query_bytes is None else query_bytes
+    return stream_forward(q_in, values, cu_q, cu_d, max_q, config=choice.config, scales=scales,
+                          query_scales=q_scales, max_d=max_d)
 
 
 def _forward_launch(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d, save_argmax, strategy, precision):

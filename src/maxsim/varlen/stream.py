@@ -28,10 +28,8 @@ from maxsim._dispatch import cuda_index, interpreting
 from maxsim._kernels import decode_residual_tile, max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
-from maxsim.varlen.forward import _doc_rowmax, _load_query_block, seq_range
+from maxsim.varlen.forward import _NO_BOUND, _load_query_block, seq_range
 
-# max_d when the caller gives no document bound (an int32 kernel argument).
-_NO_BOUND = 2**31 - 1
 # Offsets checked per step of a program's run-validity scan.
 _CHECK_BLOCK = 1024
 
@@ -57,26 +55,6 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
             b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_x.to(tl.float32)), b_s, input_precision="ieee")
         else:
             b_s = tl.dot(b_q, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
-    elif QDOT:
-        p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
-        o_k = tl.arange(0, BK)
-        for kk in tl.static_range(NUM_K):
-            o_kk = kk * BK + o_k
-            b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0)  # [BN, BK]
-            if NUM_K > 1:
-                b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0)
-            else:
-                b_qk = b_q
-            if FP8:
-                b_d = b_d.to(tl.float8e4nv, bitcast=True)
-                b_qk = b_qk.to(tl.float8e4nv, bitcast=True)
-            if DOT_UPCAST:  # the interpreter: the same exact products in fp32
-                b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
-            elif FP8:
-                b_s = tl.dot(b_qk, tl.trans(b_d), b_s)
-            else:  # |sum| <= 127 * 127 * d: exact in int32, and in fp32 for d <= 1040
-                b_s += tl.dot(b_qk, tl.trans(b_d), out_dtype=tl.int32).to(tl.float32)
-        b_s = b_s * b_qscale[:, None]
     else:
         p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
         o_k = tl.arange(0, BK)
@@ -86,23 +64,31 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
                 b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0)  # [BN, BK]
             else:
                 b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0)
-            if FP8:  # e4m3 codes travel as their bytes (masked loads fill byte 0, +0.0)
-                b_d = b_d.to(tl.float8e4nv, bitcast=True)
-            if INT8_TO_FP16:
-                # x + 1152 has fp16 bits 0x6480 + x (exponent of 1024, x + 128 in the mantissa): integer
-                # adds and one fp16 subtraction instead of int-to-float conversions, which run at a
-                # fraction of the ALU rate. Exact for every int8.
-                b_d = (b_d.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
-            elif not DOT_UPCAST:  # (the interpreter widens straight to fp32: its bf16 casts are wrong)
-                b_d = b_d.to(Q_DTYPE)  # one-byte codes widen exactly (int8, e4m3 fit fp16 and bf16)
             if NUM_K > 1:
-                b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0.0)
+                b_qk = tl.load(p_q + o_kk[None, :], mask=m_row[:, None] & (o_kk < dim)[None, :], other=0)
             else:
                 b_qk = b_q
-            if DOT_UPCAST:
+            if FP8:  # e4m3 codes travel as their bytes (masked loads fill byte 0, +0.0)
+                b_d = b_d.to(tl.float8e4nv, bitcast=True)
+                if QDOT:
+                    b_qk = b_qk.to(tl.float8e4nv, bitcast=True)
+            if DOT_UPCAST:  # the interpreter (its bf16 and fp8 dots are wrong): the same exact products in fp32
                 b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
+            elif QDOT and FP8:
+                b_s = tl.dot(b_qk, tl.trans(b_d), b_s)
+            elif QDOT:  # |sum| <= 127 * 127 * d: exact in int32, and in fp32 for d <= 1040
+                b_s += tl.dot(b_qk, tl.trans(b_d), out_dtype=tl.int32).to(tl.float32)
             else:
+                if INT8_TO_FP16:
+                    # x + 1152 has fp16 bits 0x6480 + x (exponent of 1024, x + 128 in the mantissa):
+                    # integer adds and one fp16 subtraction instead of int-to-float conversions, which
+                    # run at a fraction of the ALU rate. Exact for every int8.
+                    b_d = (b_d.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+                else:
+                    b_d = b_d.to(Q_DTYPE)  # one-byte codes widen exactly (int8, e4m3 fit fp16 and bf16)
                 b_s = tl.dot(b_qk, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+        if QDOT:
+            b_s = b_s * b_qscale[:, None]
     if SCALED:
         b_scale = tl.load(scale_ptr + o_t, mask=m_t, other=0.0)  # [BN] fp32
         b_s = b_s * b_scale[None, :]
@@ -203,7 +189,7 @@ def _maxsim_varlen_stream_kernel(
             for t0 in range(d_lo, d_hi, BN):
                 b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, d_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                    EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
-                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale)
+                                   cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale)
                 b_max = max_nan(b_max, _range_max(b_s, t0, d_lo, d_hi, BN))
             _store_score(out_ptr, b_max, m_row & (d_hi > d_lo), b_qok & d_ok, j, i_chunk, o_qb, Nq, Nd, QPB, SEG)
 
