@@ -110,15 +110,21 @@ def main() -> None:
                 row(f"stream BN {config['BN']} {config['num_warps']}w, {enc} query", nq, enc,
                     lambda: stream_forward(q_values, data, cu_q, cu, args.query_len, config=config, scales=scales,
                                            query_scales=q_scales), ref)
-        if args.sweep:  # tiles: BN tokens, warps, documents a slot group (1 query: every encoding)
-            grid = ([(bn, warps) for bn in (64, 128) for warps in (1, 2, 4)] if nq == 1 else
+        if args.sweep:  # tiles: BN tokens, warps (1 query: every encoding, the one-byte dot too)
+            grid = ([(bn, warps) for bn in (64, 128, 256) for warps in (1, 2, 4)] if nq == 1 else
                     [(bn, warps) for bn in (64, 128) for warps in (4, 8)])
-            for enc in (("fp16", "int8", "fp8") if nq == 1 else ("fp16", "int8")):
+            for enc, quantized_query in (("fp16", False), ("int8", False), ("fp8", False), ("int8", True),
+                                         ("fp8", True)):
+                if nq > 1 and enc == "fp8" and not quantized_query:
+                    continue
                 data, scales = encodings[enc]
+                q_in, q_scales = (quantize_tokens(q, "int8" if enc == "int8" else "fp8_e4m3") if quantized_query
+                                  else (q, None))
                 for bn, warps in grid:
                     config = stream_config(rows_q, args.dim, BN=bn, num_warps=warps)
-                    row(f"  sweep BN {bn} {warps}w", nq, enc,
-                        lambda: stream_forward(q, data, cu_q, cu, args.query_len, config=config, scales=scales), ref)
+                    row(f"  sweep BN {bn} {warps}w{' q8' if quantized_query else ''}", nq, enc,
+                        lambda: stream_forward(q_in, data, cu_q, cu, args.query_len, config=config, scales=scales,
+                                               query_scales=q_scales), ref)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

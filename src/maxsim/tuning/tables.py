@@ -172,8 +172,8 @@ VARLEN_STREAM_SM90 = (
 # One-byte corpora (int8, fp8 e4m3): the GPU families where quantising the query too, so that the
 # tensor cores multiply the bytes (int8 x int8 -> int32; e4m3 x e4m3), was measured to beat
 # widening the tokens to the query's dtype. quantize_query=None takes it there. Ranking cost,
-# measured on MiniLM tokens (BENCHMARKS.md, ranking fidelity): none at top-10. None yet (untimed).
-ONE_BYTE_DOT_FAMILIES: tuple[str, ...] = ()
+# measured on MiniLM tokens (BENCHMARKS.md, ranking fidelity): none at top-10.
+ONE_BYTE_DOT_FAMILIES: tuple[str, ...] = ("sm90",)
 VARLEN_ATOMIC_BACKWARD = (Rule("atomics", When(), _T(BR_MAX=16, ELEMENTS=4096, PAIRS_MAX=64, num_warps=4)),)
 VARLEN_OWNED_BACKWARD = (Rule("d <= 128", When(d=(1, 128)), _T(num_warps=1)), Rule("wider", When(), _T(num_warps=4)))
 
@@ -239,13 +239,17 @@ CHAMFER_INTERPRETER_CLAMP = dict(BM_MAX=16, BN_MAX=16, BR_MAX=16, num_warps=4, n
 
 # --- residual decode on chip (maxsim_residual_varlen) -------------------------------------------
 
-# The packed stream kernel on residual tokens. Each tile's decoded tokens [BN, next_pow2(d)]
-# (centroids gathered from L2, residual bits unpacked in registers) stay in registers, so the tile
-# takes more warps than the stream's own one-query tile, and BN * next_pow2(d) <=
-# COMPRESSED_TILE_ELEMENTS. Starting points without spills in tests/compile_check.py; not yet timed.
+# The packed stream kernel on residual tokens, decoded plane by plane (maxsim/compressed/forward.py):
+# each plane [BN, d * nbits / 8] stays in registers beside the query's planes, and
+# BN * next_pow2(d) <= COMPRESSED_TILE_ELEMENTS. One query: the sweep's best tile (BENCHMARKS.md,
+# PLAID residual scoring); stacked queries and fp32 decode: starting points without spills in
+# tests/compile_check.py, not yet swept.
+_RESIDUAL_RECORD = "BENCHMARKS.md, PLAID residual scoring (benchmarks/compressed_bench.py --sweep, 2026-12-02)"
 COMPRESSED_STREAM_SM90 = (
     Rule("fp32 decode (IEEE dots on the FMA units)", When(dtype="fp32"),
          _T(BM="rows<=128", BN=16, BK="d", num_warps=4, num_stages=2, waves=8)),
+    Rule("one query (<= 32 rows)", When(rows=(1, 32)),
+         _T(BM="rows<=128", BN=32, BK="d", num_warps=1, num_stages=2, waves=8), _RESIDUAL_RECORD),
     Rule("16-bit decode", When(), _T(BM="rows<=128", BN=64, BK="d", num_warps=4, num_stages=2, waves=8)),
 )
 COMPRESSED_TILE_ELEMENTS = 8192

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import cuda_index, interpreting
-from maxsim._kernels import decode_residual_tile, max_nan, stacked_rows
+from maxsim._kernels import max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 from maxsim.varlen.forward import _NO_BOUND, _load_query_block, seq_range
@@ -35,26 +35,103 @@ _CHECK_BLOCK = 1024
 
 
 @triton.jit
+def _query_plane(p_q, m_row, k: tl.constexpr, packed_dim, BP: tl.constexpr):
+    """Plane k of the query rows (q in plane order: columns k * P : (k + 1) * P): [BM, BP]."""
+    o_p = tl.arange(0, BP)
+    return tl.load(p_q + k * packed_dim + o_p[None, :], mask=m_row[:, None] & (o_p < packed_dim)[None, :], other=0.0)
+
+
+@triton.jit
+def _residual_plane(b_s, d_sq, b_qk, k: tl.constexpr, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS: tl.constexpr,
+                    NORMALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Adds plane k of a tile of residual tokens to S: the field at shift 8 - NBITS (k + 1) of each
+    byte ([BN, BP]), its bucket weight plus the centroids' same dimensions (p_c: [BN, BP] pointers
+    to plane 0 of each token's centroid, in plane order), times the query's plane k. d_sq [BN]
+    gathers the decoded tokens' squared norms."""
+    b_f = (b_bytes >> (8 - NBITS * (k + 1))) & ((1 << NBITS) - 1)  # [BN, BP] raw fields
+    if NBITS == 1:  # a select is cheaper than a gather for two or four weights
+        b_w = tl.where(b_f == 0, tl.load(w_ptr), tl.load(w_ptr + 1))
+    elif NBITS == 2:
+        b_w = tl.where(b_f < 2, tl.where(b_f == 0, tl.load(w_ptr), tl.load(w_ptr + 1)),
+                       tl.where(b_f == 2, tl.load(w_ptr + 2), tl.load(w_ptr + 3)))
+    else:
+        b_w = tl.load(w_ptr + b_f.to(tl.int32))  # from a 16- or 256-entry table (L1)
+    b_c = tl.load(p_c + k * packed_dim, mask=m_tile, other=0.0)  # [BN, BP]
+    # The sum in the decode dtype: for fp16 the same as the codec's fp32 sum rounded once to fp16
+    # (fp32 holds 2 * 11 + 2 bits: rounding twice cannot differ from rounding once).
+    b_x = tl.where(m_tile, b_c + b_w, 0.0)
+    if NORMALIZE:
+        b_xf = b_x.to(tl.float32)
+        d_sq += tl.sum(b_xf * b_xf, axis=1)
+    b_s = tl.dot(b_qk, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
+    return b_s, d_sq
+
+
+@triton.jit
+def _residual_scores(b_q0, b_q1, b_q2, b_q3, b_q4, b_q5, b_q6, b_q7, d_ptr, codes_ptr, cent_ptr, w_ptr, o_t, m_t,
+                     num_centroids, dim, packed_dim, BM: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
+                     NBITS: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """S [BM, BN] fp32 of the query rows (planes b_q0.. [BM, BP], 8 / NBITS of them) against residual
+    tokens o_t [BN] (valid where m_t), decoded plane by plane (maxsim/compressed/forward.py). A
+    token whose code lies outside [0, num_centroids) scores NaN; nothing outside the table is read."""
+    PER_BYTE: tl.constexpr = 8 // NBITS
+    o_t = o_t.to(tl.int64)
+    o_p = tl.arange(0, BP)
+    m_tile = m_t[:, None] & (o_p < packed_dim)[None, :]
+    b_code = tl.load(codes_ptr + o_t, mask=m_t, other=0).to(tl.int64)  # [BN]
+    m_code = (b_code >= 0) & (b_code < num_centroids)
+    p_c = cent_ptr + tl.where(m_code, b_code, 0)[:, None] * dim + o_p[None, :]  # [BN, BP]
+    b_bytes = tl.load(d_ptr + o_t[:, None] * packed_dim + o_p[None, :], mask=m_tile, other=0)  # [BN, BP] uint8
+    b_s = tl.zeros([BM, BN], dtype=tl.float32)
+    d_sq = tl.zeros([BN], dtype=tl.float32)
+    b_s, d_sq = _residual_plane(b_s, d_sq, b_q0, 0, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                DOT_PRECISION)
+    if PER_BYTE >= 2:
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q1, 1, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+    if PER_BYTE >= 4:
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q2, 2, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q3, 3, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+    if PER_BYTE == 8:
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q4, 4, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q5, 5, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q6, 6, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+        b_s, d_sq = _residual_plane(b_s, d_sq, b_q7, 7, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
+                                    DOT_PRECISION)
+    if NORMALIZE:
+        b_norm = tl.maximum(tl.sqrt_rn(d_sq), 1e-12)  # [BN]
+        # fp16 decode: the norm rounded to fp16 first (colbert-ai's CUDA decode, the codec's)
+        b_norm = b_norm.to(cent_ptr.dtype.element_ty).to(tl.float32)
+        b_norm = tl.where(m_t, b_norm, 1.0)  # rows past the document: their scores are 0 and stay 0
+        b_s = b_s * (1.0 / b_norm)[None, :]
+    return tl.where(m_code[None, :], b_s, float("nan"))
+
+
+@triton.jit
 def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, EVEN_K: tl.constexpr,
                  SCALED: tl.constexpr, FP8: tl.constexpr, INT8_TO_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  DOT_UPCAST: tl.constexpr, RESIDUAL: tl.constexpr, codes_ptr, cent_ptr, w_ptr, num_centroids,
-                 packed_dim, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr, b_qscale):
+                 packed_dim, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr, b_qscale,
+                 b_planes, BP: tl.constexpr):
     """S [BM, BN] fp32 = Q rows . tokens t0 : t0 + BN (rows past t_hi read as 0), scaled per token.
-    RESIDUAL: the tokens are decoded on chip from their codes and residual bytes (d_ptr), one
-    [BN, BK] tile with BK >= d (NUM_K == 1). QDOT: Q's rows are one-byte too (int8, or e4m3
+    RESIDUAL: the tokens are decoded on chip from their codes and residual bytes (d_ptr), plane by
+    plane against the query planes b_planes (a tuple of 8 [BM, BP] tiles, 8 / NBITS of them read).
+    QDOT: Q's rows are one-byte too (int8, or e4m3
     bytes with FP8), with row scales b_qscale [BM]: the one-byte tensor-core dot (int8 x int8 ->
     int32, exact; e4m3 x e4m3 -> fp32), then both scales."""
     o_t = t0 + tl.arange(0, BN)  # [BN]
     m_t = o_t < t_hi
     b_s = tl.zeros([BM, BN], dtype=tl.float32)
     if RESIDUAL:
-        b_x = decode_residual_tile(cent_ptr, d_ptr, w_ptr, o_t.to(tl.int64), m_t, num_centroids, dim, packed_dim,
-                                   codes_ptr, BN, BK, NBITS, NORMALIZE)  # [BN, BK] in Q's dtype
-        if DOT_UPCAST:
-            b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_x.to(tl.float32)), b_s, input_precision="ieee")
-        else:
-            b_s = tl.dot(b_q, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
+        b_s = _residual_scores(b_planes[0], b_planes[1], b_planes[2], b_planes[3], b_planes[4], b_planes[5],
+                               b_planes[6], b_planes[7], d_ptr, codes_ptr, cent_ptr, w_ptr, o_t, m_t, num_centroids,
+                               dim, packed_dim, BM, BN, BP, NBITS, NORMALIZE, DOT_PRECISION)
     else:
         p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
         o_k = tl.arange(0, BK)
@@ -119,7 +196,7 @@ def _maxsim_varlen_stream_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, SEG: tl.constexpr,
     EVEN_K: tl.constexpr, SCALED: tl.constexpr, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr, CHECK_BLOCK: tl.constexpr,
-    RESIDUAL: tl.constexpr, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr,
+    RESIDUAL: tl.constexpr, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr, BP: tl.constexpr,
 ):
     """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial sums
     per query chunk). A score whose query or document is invalid (see seq_range) is NaN."""
@@ -140,6 +217,17 @@ def _maxsim_varlen_stream_kernel(
         b_qscale = tl.load(qscale_ptr + q_lo + o_s, mask=m_row, other=0.0)  # [BM] fp32
     else:
         b_qscale = tl.zeros([BM], dtype=tl.float32)  # (unused)
+    if RESIDUAL:  # q in plane order (maxsim/compressed/forward.py): its 8 / NBITS planes, [BM, BP] each
+        PER_BYTE: tl.constexpr = 8 // NBITS
+        b_planes = (_query_plane(p_q, m_row, 0, packed_dim, BP), _query_plane(p_q, m_row, 1 % PER_BYTE, packed_dim, BP),
+                    _query_plane(p_q, m_row, 2 % PER_BYTE, packed_dim, BP),
+                    _query_plane(p_q, m_row, 3 % PER_BYTE, packed_dim, BP),
+                    _query_plane(p_q, m_row, 4 % PER_BYTE, packed_dim, BP),
+                    _query_plane(p_q, m_row, 5 % PER_BYTE, packed_dim, BP),
+                    _query_plane(p_q, m_row, 6 % PER_BYTE, packed_dim, BP),
+                    _query_plane(p_q, m_row, 7 % PER_BYTE, packed_dim, BP))
+    else:
+        b_planes = (b_q, b_q, b_q, b_q, b_q, b_q, b_q, b_q)  # (unused)
     o_qb = i_qgroup * QPB + tl.arange(0, QPB)
 
     j_lo = (i_n * docs_per_program).to(tl.int64)
@@ -166,7 +254,8 @@ def _maxsim_varlen_stream_kernel(
             t1 = t0 + BN
             b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
-                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale)  # [BM, BN]
+                               cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale,
+                               b_planes, BP)  # [BM, BN]
             while (j < j_hi) & (hi <= t1):  # every document that ends in this tile
                 hi_next = tl.load(cud_ptr + j + 2, mask=j + 1 < j_hi, other=0)  # in flight during the max
                 b_max = max_nan(_range_max(b_s, t0, lo, hi, BN), b_carry)
@@ -189,7 +278,8 @@ def _maxsim_varlen_stream_kernel(
             for t0 in range(d_lo, d_hi, BN):
                 b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, d_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                    EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
-                                   cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale)
+                                   cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale,
+                                   b_planes, BP)
                 b_max = max_nan(b_max, _range_max(b_s, t0, d_lo, d_hi, BN))
             _store_score(out_ptr, b_max, m_row & (d_hi > d_lo), b_qok & d_ok, j, i_chunk, o_qb, Nq, Nd, QPB, SEG)
 
@@ -219,8 +309,9 @@ def stream_forward(
     the one-byte tensor-core dot, ``(sq sd) (q . v)``.
     ``residual``: PLAID tokens instead: d is the residual bytes ``[Td, d * nbits / 8]`` uint8 and
     ``residual = (codes [Td] int32/int64, centroids [C, dim], weights_by_field [2**nbits], nbits,
-    normalize)``, the tables in q's dtype (:func:`maxsim.compressed.forward.decode_tables`): each
-    token decoded on chip as the codec decodes it (a code outside [0, C) makes its document NaN).
+    normalize)``, the tables in q's dtype (:func:`maxsim.compressed.forward.decode_tables`), q and
+    the centroids in plane order (:func:`maxsim.compressed.forward.to_planes`): each token decoded
+    on chip as the codec decodes it (a code outside [0, C) makes its document NaN).
     ``config``: BM, BN, BK, num_warps, num_stages, waves (``maxsim.selection.varlen``).
     """
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
@@ -230,9 +321,11 @@ def stream_forward(
         codes, centroids, weights, nbits, normalize = residual
         tables = (codes, centroids, weights)
         residual_ints = (centroids.shape[0], d.shape[1])
-        config = dict(config, BK=max(16, next_pow2(dim)))  # the decoded token whole: its norm needs every dim
+        config = dict(config, BK=16)  # (the query is read as planes instead)
     else:
         tables, residual_ints, nbits, normalize = (q, q, q), (0, 0), 1, False
+    if query_scales is not None:  # the one-byte tensor-core dot takes K >= 32 (masked past dim)
+        config = dict(config, BK=max(32, config["BK"]))
     interpret = interpreting()
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
     seg = min(next_pow2(max(max_q, 1)), BM)
@@ -257,6 +350,7 @@ def stream_forward(
         DOT_UPCAST=interpret and (q.dtype == torch.bfloat16 or query_scales is not None),
         CHECK_BLOCK=_CHECK_BLOCK if not interpret else 16,
         RESIDUAL=residual is not None, NBITS=nbits, NORMALIZE=normalize, QDOT=query_scales is not None,
+        BP=max(16, next_pow2(residual_ints[1])),
     )
     launch(_maxsim_varlen_stream_kernel, (n_mblocks * -(-Nd // docs_per_program),), args, constexprs,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
