@@ -30,8 +30,8 @@ for step in "$@"; do
     # Exhaustive scoring of 1M short packed documents: fp16, int8, fp8 (benchmarks/stream_bench.py).
     stream) python3 benchmarks/stream_bench.py --json "$OUT/stream.json" ${STREAM_ARGS:-} 2>&1 \
               | tee "$OUT/stream.log" | tail -20 || status=1 ;;
-    # The kernels that changed since their last GPU run (BENCHMARKS.md, "Waiting for a GPU run"), opted in.
-    verify) MAXSIM_UNVERIFIED_KERNELS=1 timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
+    # The kernels that changed since their last GPU run (BENCHMARKS.md, "Waiting for a GPU run").
+    verify) timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
               tests/varlen tests/dense/test_forward_gpu.py tests/compressed/test_fused.py \
               tests/head/test_head_varlen.py tests/dense/test_lengths.py tests/dense/test_precision.py tests/compressed/test_quantized.py \
               tests/compressed/test_pq.py -rs --durations=15 2>&1 | tee "$OUT/verify.log" \

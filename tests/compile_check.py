@@ -170,7 +170,7 @@ def varlen_variants():
                                                                        DOT_PRECISION="tf32x3"), \
         dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 8
     sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False,
-              QDOT=False)
+              QDOT=False, BP=16)
     del sc["SAVE_ARGMAX"]
     sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
                  out_ptr="fp32", codes_ptr="fp16", cent_ptr="fp16", w_ptr="fp16")
@@ -233,16 +233,19 @@ def compressed_variants():
     """The packed stream kernel decoding residual tokens on chip (maxsim/varlen/stream.py, launched
     by maxsim/compressed/forward.py): one query against 1-, 2-, 4- and 8-bit indexes (d = 128),
     raw (no normalize), int64 codes, many stacked rows, fp32 decode."""
-    base = dict(BM=32, BN=64, BK=128, NUM_K=1, SEG=32, EVEN_K=True, SCALED=False, FP8=False, DOT_PRECISION="tf32",
-                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True, QDOT=False)
+    base = dict(BM=32, BN=64, BK=16, NUM_K=8, SEG=32, EVEN_K=True, SCALED=False, FP8=False, DOT_PRECISION="tf32",
+                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True, QDOT=False, BP=32)
     ptrs = dict(q_ptr="fp16", d_ptr="u8", scale_ptr="fp16", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
                 out_ptr="fp32", codes_ptr="i32", cent_ptr="fp16", w_ptr="fp16")
-    for nbits in (1, 2, 4, 8):  # the table's tile: BN 64, four warps (the decoded tile needs them)
-        yield f"residual stream one query nbits={nbits}", _maxsim_varlen_stream_kernel, dict(base, NBITS=nbits), \
-            ptrs, 4, 2
+    for nbits in (1, 2, 4, 8):  # planes of d * nbits / 8 columns (at least 16, the dot's K)
+        yield f"residual stream one query nbits={nbits}", _maxsim_varlen_stream_kernel, \
+            dict(base, NBITS=nbits, BP=max(16, 16 * nbits)), ptrs, 4, 2
+    for bn, warps in ((32, 1), (16, 2), (32, 4), (128, 4)):  # the one-query tile, others of the sweep
+        yield f"residual stream nbits=2 BN {bn} {warps}w", _maxsim_varlen_stream_kernel, dict(base, BN=bn), \
+            ptrs, warps, 2
     yield "residual stream one query nbits=2 raw", _maxsim_varlen_stream_kernel, dict(base, NORMALIZE=False), \
         ptrs, 4, 2
-    yield "residual stream int64 codes", _maxsim_varlen_stream_kernel, dict(base, NBITS=4), \
+    yield "residual stream int64 codes", _maxsim_varlen_stream_kernel, dict(base, NBITS=4, BP=64), \
         dict(ptrs, codes_ptr="i64"), 4, 2
     yield "residual stream 128 stacked rows", _maxsim_varlen_stream_kernel, dict(base, BM=128), ptrs, 4, 2
     yield "residual stream fp32 decode ieee", _maxsim_varlen_stream_kernel, \

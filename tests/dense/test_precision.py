@@ -10,7 +10,7 @@ import torch
 import maxsim
 from conftest import KERNEL_DEVICE
 from maxsim.dense import forward as dense_forward
-from maxsim.selection.common import UNVERIFIED_ENV, precision_choice
+from maxsim.selection.common import precision_choice
 from maxsim.tuning import tables as T
 from maxsim.varlen import forward as varlen_forward
 from maxsim.varlen import stream as varlen_stream
@@ -80,7 +80,6 @@ def test_sixteen_bit_inputs_ignore_it(seen):
 def test_tensor_core_precisions_run_when_asked_and_auto_stays_ieee(monkeypatch):
     # The explicit words ran on the H200 (tests/dense/test_precision.py's GPU tier): a caller who
     # names one gets it on any GPU; "auto" takes the split only where it was measured to win.
-    monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
     for family in ("sm90", "sm80", "unmeasured", "interpreter"):
         for precision in ("tf32x3", "tf32", "ieee"):
             assert precision_choice(torch.float32, precision, family)[0] == precision
@@ -117,7 +116,6 @@ def test_gpu_fp32_accuracy_against_float64(monkeypatch, precision, bound):
 
 
 def test_explain_says_which_product_runs(monkeypatch):
-    monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
     Q, D = torch.randn(4, 32, 128), torch.randn(100, 180, 128)
     assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="sm90"))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90", precision="tf32x3"))

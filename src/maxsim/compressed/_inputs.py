@@ -36,13 +36,15 @@ def check_q_mask(q_mask, Q: torch.Tensor) -> torch.Tensor | None:
     return check_mask(q_mask, Q.shape[:-1], "q_mask", Q.device)
 
 
-def check_cu_seqlens(cu_seqlens_d, total: int, name: str = "cu_seqlens_d") -> torch.Tensor:
-    """Offsets ``[Nd + 1]`` -> int64 on the host, checked: start at 0, never decrease, end at ``total``."""
+def check_cu_seqlens(cu_seqlens_d, total: int, name: str = "cu_seqlens_d", *, on_host: bool = True) -> torch.Tensor:
+    """Offsets ``[Nd + 1]`` -> int64, checked: start at 0, never decrease, end at ``total``. On the
+    host (a copy), or with ``on_host=False`` where they live, checked there with one read of a flag
+    (a million offsets on the GPU cost no copy to the host and back)."""
     if not torch.is_tensor(cu_seqlens_d) or cu_seqlens_d.dim() != 1 or cu_seqlens_d.numel() == 0 \
             or cu_seqlens_d.is_floating_point() or cu_seqlens_d.dtype == torch.bool or cu_seqlens_d.is_complex():
         raise ValueError(f"maxsim: {name} must be a 1-D integer tensor [Nd + 1], got {describe(cu_seqlens_d)}")
-    cu = cu_seqlens_d.to("cpu", torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+    cu = cu_seqlens_d.to("cpu" if on_host else cu_seqlens_d.device, torch.int64)
+    if bool((cu[0] != 0) | (cu[-1] != total) | (cu[1:] < cu[:-1]).any()):
         raise ValueError(f"maxsim: {name} must start at 0, never decrease and end at the number of tokens "
                          f"({total}), got [{int(cu[0])}, ..., {int(cu[-1])}]")
     return cu

@@ -123,13 +123,14 @@ def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seql
     PyTorch backend raises). Otherwise documents are decoded a bounded chunk at a time.
     """
     Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 1, "[T]")
-    cu = check_cu_seqlens(cu_seqlens_d, codes.shape[0])
+    cu = check_cu_seqlens(cu_seqlens_d, codes.shape[0], on_host=False)
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
     if backend_for(device) == "triton":
         out = _on_chip(Q, q_mask, codes, residuals, cu, codec, dtype, normalize)
         if out is not None:
             return out[0] if single_query else out
+    cu = cu.cpu()  # the chunked path walks the offsets on the host
     codec = codec.to(device) if codec.device != device else codec
     num_queries, query_len, dim = Q.shape
     num_docs = cu.numel() - 1

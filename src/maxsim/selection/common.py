@@ -4,7 +4,6 @@ rule of ``backward="auto"``, config clamps, and the plan's words for ``maxsim.ex
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -55,24 +54,6 @@ def format_config(config) -> str:
     if dataclasses.is_dataclass(config):
         config = dataclasses.asdict(config)
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not False)
-
-
-# Kernels whose tests pass in the interpreter but that have not yet run on a GPU: the selection
-# keeps GPU calls on the verified path unless this is set (their GPU-tier tests set it).
-UNVERIFIED_ENV = "MAXSIM_UNVERIFIED_KERNELS"
-
-
-def unverified_allowed(family: str) -> bool:
-    """Whether code that has not yet run on a GPU may run on ``family``: in the interpreter, or opted in."""
-    return family == "interpreter" or os.environ.get(UNVERIFIED_ENV, "0").strip().lower() in ("1", "true", "yes")
-
-
-def not_yet_on_gpu(kernel: KernelSpec, family: str) -> str | None:
-    """Why ``kernel`` (declared unverified on GPUs) is not chosen on ``family`` (None: it may run)."""
-    if unverified_allowed(family):
-        return None
-    return (f"has not yet run on a GPU (its tests pass in Triton's interpreter); {UNVERIFIED_ENV}=1 opts in "
-            "until its GPU tests and benchmark have run")
 
 
 PRECISIONS = ("auto", "ieee", "tf32x3", "tf32")

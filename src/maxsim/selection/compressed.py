@@ -16,7 +16,7 @@ import functools
 import torch
 
 from maxsim.compressed import specs
-from maxsim.selection.common import Choice, call_of, clamp, device_of, not_yet_on_gpu
+from maxsim.selection.common import Choice, call_of, clamp, device_of
 from maxsim.tuning import tables as T
 from maxsim.tuning.rules import first_match, next_pow2, tile_of
 
@@ -38,13 +38,8 @@ def forward_choice(Nq: int, Lq: int, d: int, dtype: torch.dtype, layout: str, ma
                    argmax: bool, family: str) -> Choice:
     """The forward path and tile for a call (cached by bucket). ``dtype``: the decode dtype;
     ``layout``: ``"padded"`` or ``"packed"``; ``family``: the device's tile family."""
-    choice = _choice(next_pow2(max(Nq, 1)), next_pow2(max(Lq, 1)), d, dtype, layout, masked, normalize, argmax,
-                     family)
-    unverified = not_yet_on_gpu(specs.FUSED_FORWARD, family) if choice.kernel is specs.FUSED_FORWARD else None
-    if unverified is not None:  # (read on every call, outside the cache: the switch may change)
-        return Choice(specs.CHUNKED_DECODE, dict(chunk_bytes=64 << 20), "the stream kernel's residual decode is "
-                      "not yet verified on GPUs", "-", ((specs.FUSED_FORWARD.name, unverified),))
-    return choice
+    return _choice(next_pow2(max(Nq, 1)), next_pow2(max(Lq, 1)), d, dtype, layout, masked, normalize, argmax,
+                   family)
 
 
 @functools.lru_cache(maxsize=512)
