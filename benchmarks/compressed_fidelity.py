@@ -17,9 +17,10 @@ Truth: fp32 ``maxsim.maxsim_varlen`` scores [Nq, Nd]. Each method of METHODS map
 declares its storage in bytes per document token; register more with ``@method(name, bytes)``.
 Per method: bytes per token, the mean over queries of Spearman's rank correlation with the fp32
 scores over all documents, top-10 and top-100 overlap (|A ∩ B| / k) averaged over queries, and the
-largest absolute score error. The residual rows train a PLAID codec on the corpus's own tokens:
-2**floor(log2(16 sqrt(T))) centroids (colbert-ai's count) from ``--kmeans-iters`` iterations of
-spherical k-means, bucket cutoffs and weights at the quantiles of the residuals. The PQ rows train
+largest absolute score error. The residual rows train a PLAID codec on the corpus's own tokens
+(``ResidualCodec.train``: 2**floor(log2(16 sqrt(T))) centroids, colbert-ai's count, from
+``--kmeans-iters`` iterations of spherical k-means on every token, bucket cutoffs and weights at
+the quantiles of the residuals). The PQ rows train
 ``ProductQuantizer`` (m sub-spaces x 256 centroids, 20 k-means iterations) on the same tokens.
 """
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import re
 
@@ -178,37 +178,13 @@ for _format, _name in (("int8", "int8 x int8 query"), ("fp8_e4m3", "fp8_e4m3 x f
 _CENTROIDS: dict = {}  # id(docs) -> centroids, so the 2- and 4-bit codecs share one k-means
 
 
-def train_centroids(tokens: torch.Tensor, iterations: int, generator: torch.Generator) -> torch.Tensor:
-    """tokens [T, d] unit -> [C, d] unit centroids, C = 2**floor(log2(16 sqrt(T))) (at most T)."""
-    count = min(tokens.shape[0], 2 ** int(math.floor(math.log2(16 * math.sqrt(tokens.shape[0])))))
-    centroids = tokens[torch.randperm(tokens.shape[0], generator=generator)[:count]].clone()  # [C, d]
-    for _ in range(iterations):
-        assign = (tokens @ centroids.T).argmax(dim=1)  # [T]
-        sums = torch.zeros_like(centroids).index_add_(0, assign, tokens)
-        filled = torch.bincount(assign, minlength=count) > 0  # an empty cluster keeps its centroid
-        centroids[filled] = torch.nn.functional.normalize(sums[filled], dim=-1)
-    return centroids
-
-
-def residual_codec(tokens: torch.Tensor, centroids: torch.Tensor, nbits: int, generator) -> ResidualCodec:
-    """Cutoffs at the i / 2**nbits quantiles of the residual values, weights at the bucket middles."""
-    residual = (tokens - centroids[(tokens @ centroids.T).argmax(dim=1)]).flatten()
-    if residual.numel() > 1 << 23:  # torch.quantile's input limit is 2**24 elements
-        residual = residual[torch.randint(0, residual.numel(), (1 << 23,), generator=generator)]
-    levels = torch.arange(1 << nbits, dtype=torch.float32) / (1 << nbits)
-    cutoffs = residual.quantile(levels[1:])
-    weights = residual.quantile(levels + 0.5 / (1 << nbits))
-    return ResidualCodec(centroids, weights, nbits, bucket_cutoffs=cutoffs)
-
-
 def _residual(nbits):
     def score(Q, q_mask, docs):
         packed, cu, _ = maxsim.pack(docs)
-        generator = torch.Generator().manual_seed(nbits)
-        key = id(docs)
-        if key not in _CENTROIDS:
-            _CENTROIDS[key] = train_centroids(packed, ARGS.kmeans_iters, torch.Generator().manual_seed(0))
-        codec = residual_codec(packed, _CENTROIDS[key], nbits, generator)
+        key = id(docs)  # every token in the k-means (the corpus is small)
+        codec = ResidualCodec.train(packed, nbits, centroids=_CENTROIDS.get(key), iterations=ARGS.kmeans_iters,
+                                    sample=packed.shape[0])
+        _CENTROIDS[key] = codec.centroids
         codes, residuals = codec.encode(packed)  # [T] int32, [T, d * nbits / 8] uint8
         return maxsim_residual_varlen(Q, codes, residuals, cu, codec, q_mask=q_mask)  # normalised fp32 decode
     return score

@@ -168,3 +168,73 @@ def test_gpu_decode_matches_cpu(nbits):
         cpu_out = codec.decode(codes, residuals, normalize=False, dtype=dtype)
         gpu_out = gpu.decode(codes.cuda(), residuals.cuda(), normalize=False, dtype=dtype)
         assert torch.equal(cpu_out, gpu_out.cpu())
+
+
+# ---------------------------------------------------------------------- training
+def _objective(x, centroids):
+    """Mean cosine of each token with its best centroid (what spherical k-means maximises)."""
+    x = torch.nn.functional.normalize(x.float(), dim=-1)
+    return float((x @ centroids.T).max(dim=1).values.mean())
+
+
+def test_train_improves_on_its_start_and_is_reproducible():
+    x = torch.nn.functional.normalize(torch.randn(3000, 32), dim=-1)
+    start = ResidualCodec.train(x, 2, num_centroids=64, iterations=0)  # the random start alone
+    one = ResidualCodec.train(x, 2, num_centroids=64, iterations=1)
+    trained = ResidualCodec.train(x, 2, num_centroids=64)
+    # each Lloyd step of spherical k-means can only raise the objective
+    assert _objective(x, start.centroids) <= _objective(x, one.centroids) + 1e-6
+    assert _objective(x, one.centroids) <= _objective(x, trained.centroids) + 1e-6
+    assert _objective(x, trained.centroids) > _objective(x, start.centroids)
+    again = ResidualCodec.train(x, 2, num_centroids=64)
+    assert torch.equal(again.centroids, trained.centroids) and torch.equal(again.bucket_weights, trained.bucket_weights)
+    other = ResidualCodec.train(x, 2, num_centroids=64, seed=1)
+    assert not torch.equal(other.centroids, trained.centroids)
+    norms = trained.centroids.norm(dim=1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)
+
+
+@pytest.mark.parametrize("nbits", NBITS)
+def test_train_buckets_split_the_residuals_evenly(nbits):
+    # cutoffs at the residual values' quantiles: encoding the training tokens fills every bucket
+    # about equally (all tokens are in the sample here)
+    x = torch.nn.functional.normalize(torch.randn(1500, 16), dim=-1)
+    codec = ResidualCodec.train(x, nbits, num_centroids=32)
+    assert codec.num_centroids == 32 and torch.all(codec.bucket_cutoffs[1:] >= codec.bucket_cutoffs[:-1])
+    assert torch.all(codec.bucket_weights[1:] >= codec.bucket_weights[:-1])
+    codes, _ = codec.encode(x)
+    residual = x - codec.centroids[codes]
+    buckets = torch.bucketize(residual.flatten(), codec.bucket_cutoffs)
+    share = torch.bincount(buckets, minlength=1 << nbits).float() / residual.numel()
+    assert float((share - 1 / (1 << nbits)).abs().max()) < 0.01
+    # decoding loses little: the trained codec reconstructs the tokens far better than its centroids alone
+    decoded = codec.decode(*codec.encode(x), dtype=torch.float32)
+    assert float((decoded * x).sum(-1).mean()) > _objective(x, codec.centroids)
+
+
+def test_train_default_count_given_centroids_and_errors():
+    x = torch.nn.functional.normalize(torch.randn(4096, 16), dim=-1)
+    assert ResidualCodec.train(x, 1, iterations=1).num_centroids == 1024  # 2**floor(log2(16 * 64))
+    assert ResidualCodec.train(x[:5], 1).num_centroids == 5  # never more centroids than tokens
+    fixed = torch.nn.functional.normalize(torch.randn(8, 16), dim=-1)
+    assert torch.equal(ResidualCodec.train(x, 4, centroids=fixed).centroids, fixed)
+    for bad in (torch.zeros(0, 16), torch.zeros(4, 16, dtype=torch.int64), torch.zeros(16), [[0.0] * 16]):
+        with pytest.raises(ValueError, match="x must be"):
+            ResidualCodec.train(bad, 2)
+    with pytest.raises(ValueError, match="nbits"):
+        ResidualCodec.train(x, 3)
+    for name in ("iterations", "sample", "num_centroids"):
+        with pytest.raises(ValueError, match=name):
+            ResidualCodec.train(x, 2, **{name: -1})
+    with pytest.raises(ValueError, match="NaN"):
+        ResidualCodec.train(torch.full((4, 16), float("nan")), 2)
+    with pytest.raises(ValueError, match="centroids must be"):
+        ResidualCodec.train(x, 2, centroids=torch.zeros(4, 8))
+
+
+@pytest.mark.gpu
+def test_gpu_train_is_reproducible():
+    x = torch.nn.functional.normalize(torch.randn(200_000, 128, device="cuda"), dim=-1)
+    a, b = ResidualCodec.train(x, 2), ResidualCodec.train(x, 2)
+    assert a.centroids.is_cuda and torch.equal(a.centroids, b.centroids)
+    assert torch.equal(a.bucket_cutoffs, b.bucket_cutoffs) and torch.equal(a.bucket_weights, b.bucket_weights)

@@ -15,9 +15,12 @@ sum). ``decode(dtype=torch.float32)`` is the first, ``dtype=torch.float16`` the 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import torch
+
+from ._fixed import fixed_point
 
 _SUPPORTED_NBITS = (1, 2, 4, 8)
 _DECODE_DTYPES = (torch.float16, torch.float32)
@@ -106,6 +109,52 @@ class ResidualCodec:
     def __repr__(self):
         return (f"ResidualCodec(C={self.num_centroids}, d={self.dim}, nbits={self.nbits}, "
                 f"device={self.device})")
+
+    @classmethod
+    def train(cls, x, nbits, *, num_centroids=None, centroids=None, iterations=4, sample=None,
+              seed=0) -> "ResidualCodec":
+        """A codec for the tokens ``x [T, d]`` (unit-norm, as ColBERT models write them), trained on
+        x's device as colbert-ai trains one: ``num_centroids`` centroids (default
+        ``2**floor(log2(16 sqrt(T)))``, colbert-ai's count, at most T) by spherical k-means
+        (``iterations`` Lloyd steps from a random start) on a random ``sample`` of the tokens
+        (default ``256 * C``, fast-plaid's points per centroid), then bucket cutoffs at the
+        ``i / 2**nbits`` quantiles of the residuals' values and weights at the buckets' middles.
+        ``centroids [C, d]``: use these and fit the buckets only. The same codec for a seed on any
+        device: cluster sums are fixed-point integer sums, exact in any order.
+
+            codec = ResidualCodec.train(tokens, nbits=2)
+            codes, residuals = codec.encode(tokens)
+        """
+        if not torch.is_tensor(x) or x.dim() != 2 or not x.is_floating_point() or x.shape[0] == 0:
+            raise ValueError(f"x must be a floating-point tensor [T, d] with T >= 1, got "
+                             f"{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}")
+        if isinstance(nbits, bool) or nbits not in _SUPPORTED_NBITS:
+            raise ValueError(f"nbits must be one of {_SUPPORTED_NBITS}, got {nbits!r}")
+        for name, value, lowest in (("iterations", iterations, 0), ("sample", sample, 1),
+                                    ("num_centroids", num_centroids, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < lowest):
+                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("x holds a NaN or an infinity: a codec trained on it would encode nothing")
+        total, generator = x.shape[0], torch.Generator().manual_seed(seed)
+        if centroids is None:
+            count = num_centroids or 2 ** int(math.floor(math.log2(16 * math.sqrt(total))))
+            count = min(count, total)
+            points = _sample_rows(x, sample or 256 * count, generator)
+            centroids = _spherical_kmeans(points, count, iterations, generator)
+        else:
+            if not torch.is_tensor(centroids) or centroids.dim() != 2 or centroids.shape[1] != x.shape[1]:
+                raise ValueError(f"centroids must be [C, {x.shape[1]}], got "
+                                 f"{tuple(centroids.shape) if torch.is_tensor(centroids) else type(centroids).__name__}")
+            centroids = centroids.to(x.device, torch.float32)
+            points = _sample_rows(x, sample or 256 * centroids.shape[0], generator)
+        residual = (points - centroids[_nearest(points, centroids)]).flatten()
+        if residual.numel() > 1 << 23:  # torch.quantile takes at most 2**24 elements
+            residual = residual[torch.randperm(residual.numel(), generator=generator)[: 1 << 23].to(x.device)]
+        levels = torch.arange(1 << nbits, dtype=torch.float32, device=x.device) / (1 << nbits)
+        cutoffs = residual.quantile(levels[1:])
+        weights = residual.quantile(levels + 0.5 / (1 << nbits))
+        return cls(centroids, weights, nbits, bucket_cutoffs=cutoffs)
 
     @classmethod
     def from_colbert(cls, index_dir) -> "ResidualCodec":
@@ -256,6 +305,37 @@ class ResidualCodec:
 
 
 # ---------------------------------------------------------------------- helpers
+def _sample_rows(x, count, generator):
+    """Up to ``count`` random rows of x, fp32 and unit-norm, on x's device."""
+    rows = torch.randperm(x.shape[0], generator=generator)[:count].to(x.device)
+    return torch.nn.functional.normalize(x[rows].float(), dim=-1)
+
+
+# Scores held at once while assigning points to centroids (fp32 elements).
+_ASSIGN_BLOCK = 1 << 26
+
+
+def _nearest(points, centroids):
+    """Index [n] of each point's highest-scoring centroid, in blocks of points."""
+    step = max(1, _ASSIGN_BLOCK // centroids.shape[0])
+    return torch.cat([(points[i:i + step] @ centroids.T).argmax(dim=1) for i in range(0, points.shape[0], step)])
+
+
+def _spherical_kmeans(points, count, iterations, generator):
+    """points [n, d] unit -> [count, d] unit centroids: ``count`` points at random, then Lloyd steps
+    (assign to the highest dot product, each centroid the normalised sum of its points; an empty
+    cluster keeps its centroid). The sums are fixed-point integer sums (exact in any order)."""
+    n = points.shape[0]
+    centroids = points[torch.randperm(n, generator=generator)[:count].to(points.device)].clone()
+    fixed, _ = fixed_point(points, n, signed=True, return_scale=True)  # [n, d] int64
+    for _ in range(iterations):
+        assign = _nearest(points, centroids)
+        sums = torch.zeros(count, points.shape[1], dtype=torch.int64, device=points.device).index_add_(0, assign, fixed)
+        filled = torch.bincount(assign, minlength=count) > 0
+        centroids[filled] = torch.nn.functional.normalize(sums[filled].double(), dim=-1).float()
+    return centroids
+
+
 def _check_code_range(codes, num_centroids, name):
     lo, hi = int(codes.min()), int(codes.max())
     if lo < 0 or hi >= num_centroids:

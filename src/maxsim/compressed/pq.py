@@ -18,8 +18,6 @@ runs on CPU and CUDA tensors alike with ordinary torch ops, a bounded chunk of d
 
 from __future__ import annotations
 
-import math
-
 import os
 import secrets
 import zipfile
@@ -30,6 +28,7 @@ import torch
 
 from maxsim._progress import progress_bar
 
+from ._fixed import fixed_point as _fixed_point
 from ._inputs import check_chunk_documents, check_cu_seqlens, check_q_mask, check_query
 
 NUM_CENTROIDS = 256  # per sub-space: one uint8 code
@@ -363,19 +362,6 @@ def _update(points, centers, assignment, distance) -> bool:
             empty = torch.nonzero(~filled[j]).squeeze(-1)[: farthest.numel()]
             centers[j, empty] = points[j, farthest[: empty.numel()]]
     return True
-
-
-def _fixed_point(values, count, *, signed=False, return_scale=False):
-    """values (fp32, finite) as int64 multiples of a power of two ``1 / scale``, scaled so that
-    any sum of ``count`` of them fits in 62 bits: integer sums are exact in any order, where a
-    GPU's floating-point atomics and scans are not. At most 52 fraction bits below the largest
-    value's exponent (float64's own precision), about 2^-(45 - log2 count) relative for 65K
-    values. Returns the int64 tensor (and the float64 scale)."""
-    largest = values.abs().amax().double().clamp_min(2.0**-100)
-    bits = min(52, 62 - math.ceil(math.log2(max(count, 2))) - (1 if signed else 0))
-    scale = torch.exp2(bits - torch.ceil(torch.log2(largest)))  # float64 scalar tensor: |value| * scale <= 2^bits
-    fixed = torch.round(values.double() * scale).to(torch.int64)
-    return (fixed, scale) if return_scale else fixed
 
 
 def _decode(codebooks, codes):
