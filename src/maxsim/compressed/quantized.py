@@ -226,7 +226,8 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     scales [T] floating, cu_seqlens_d [Nd + 1] (document j is tokens cu[j]:cu[j + 1]).
     Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q): MaxSim against the dequantised tokens, scored
     ``chunk_documents`` documents at a time (default: as many as fit DEFAULT_CHUNK_BYTES of
-    scratch, at least one): on the Triton backend without a gradient, by the stream kernel on the
+    scratch, at least one; the whole corpus in one launch when the stream kernel reads bytes
+    already on Q's device): on the Triton backend without a gradient, by the stream kernel on the
     bytes (exact products ``s (q . v)``, fp32); otherwise ``maxsim.maxsim_varlen`` on the tokens
     dequantised in Q's dtype. Empty documents score 0. Differentiable in Q.
     ``quantize_query`` (the stream kernel only): quantise each query token to the corpus's format
@@ -242,17 +243,24 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
         raise ValueError(f"maxsim: values must have shape [T, d], got {tuple(values.shape)}")
     total, dim = values.shape
     q_packed, cu_q, max_q, single_query = _packed_queries(Q, q_mask, dim)
-    cu = check_cu_seqlens(cu_seqlens_d, total)
     check_chunk_documents(chunk_documents)
     device, dtype = q_packed.device, q_packed.dtype
-    num_queries, num_docs = cu_q.numel() - 1, cu.numel() - 1
-    lengths = cu[1:] - cu[:-1]  # [Nd] on the host
 
     # The Triton backend (CUDA, or the interpreter when asked) scores the bytes in the stream kernel.
     fused = backend_for(q_packed.device) == "triton" and not _needs_grad(q_packed) and max_q > 0
     query_bytes = None
     if fused and select_varlen.quantize_query(quantize_query, device_of(q_packed)[1])[0]:
         query_bytes = quantize_tokens(q_packed, FORMAT_OF_DTYPE[values.dtype])  # once for every chunk
+    if fused and chunk_documents is None and values.device == device and scales.device == device:
+        # The bytes already beside Q: nothing is dequantised, so no scratch to bound. One launch over
+        # the whole corpus, the offsets checked where they live (no copy to the host and back).
+        cu_d = check_cu_seqlens(cu_seqlens_d, total, on_host=False).to(device)
+        out = quantized_scores(q_packed, values.contiguous(), scales.to(torch.float32).contiguous(), cu_q, cu_d,
+                               max_q, None, query_bytes)
+        return out[0] if single_query else out
+    cu = check_cu_seqlens(cu_seqlens_d, total)
+    num_queries, num_docs = cu_q.numel() - 1, cu.numel() - 1
+    lengths = cu[1:] - cu[:-1]  # [Nd] on the host
 
     def score_chunk(q_packed, chunk_values, chunk_scales, cu_chunk, chunk_max):
         if fused:  # the one-byte tokens go to the kernel as they are

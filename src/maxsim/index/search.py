@@ -129,6 +129,7 @@ def _approx_scores(index, S, real, query, pids, threshold):
     query dropped; -9999 where none is left), summed over the query's real tokens."""
     S = S.masked_fill(~real.unsqueeze(-1), float("-inf"))  # a masked token never decides keep / drop
     keep = None if threshold is None else S.amax(dim=1) >= float(threshold)  # [Nq, C]
+    by_code = S.transpose(1, 2).contiguous()  # [Nq, C, Lq]: a token's Lq scores in one contiguous row
     where = index.cu_seqlens.device
     lengths = index.doc_lengths[pids.to(where)].cpu()
     out = torch.empty(pids.numel(), dtype=torch.float32, device=S.device)
@@ -139,7 +140,7 @@ def _approx_scores(index, S, real, query, pids, threshold):
         pair_of_token = torch.repeat_interleave(torch.arange(stop - start, device=S.device), counts,
                                                 output_size=codes.numel())  # [T]
         token_query = query[start:stop][pair_of_token]  # [T]
-        gathered = S[token_query, :, codes]  # [T, Lq]
+        gathered = by_code[token_query, codes]  # [T, Lq]
         if keep is not None:
             gathered = gathered.masked_fill(~keep[token_query, codes].unsqueeze(-1), float("-inf"))
         best = torch.full((stop - start, S.shape[1]), EMPTY_TOKEN_SCORE, device=S.device)
