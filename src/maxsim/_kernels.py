@@ -60,5 +60,3 @@ def dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc,
         b_df = b_d.to(tl.float32)
         d_sq += tl.sum(b_df * b_df, axis=1)
     return b_s, d_sq
-
-

@@ -86,5 +86,5 @@ def residual_stream_forward(q, cu_q, max_q, codes, residuals, cu_d, codec, dtype
     from maxsim.varlen.stream import stream_forward  # (the packed family's launcher)
 
     centroids, weights = decode_tables(codec, dtype, q.device)
-    return stream_forward(to_planes(q, codec.nbits), residuals.contiguous(), cu_q, cu_d, max_q, config=config, max_d=max_d,
-                          residual=(codes.contiguous(), centroids, weights, codec.nbits, normalize))
+    return stream_forward(to_planes(q, codec.nbits), residuals.contiguous(), cu_q, cu_d, max_q, config=config,
+                          max_d=max_d, residual=(codes.contiguous(), centroids, weights, codec.nbits, normalize))

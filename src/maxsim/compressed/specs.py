@@ -11,15 +11,16 @@ from maxsim._capability import KernelSpec
 # error is several times larger, close to 1e-3 of a score.
 DECODE_DTYPES = (torch.float16, torch.float32)
 
-# The stream kernel decodes whole tokens on chip (a [BN, next_pow2(d)] tile: the L2 norm needs every
-# dimension at once), so d is bounded by the registers that tile takes.
+# The stream kernel holds the query's bit planes ([BM, d * nbits / 8] each, all of d) on chip for
+# its lifetime and each token tile's planes beside them, so d is bounded by the registers they take.
 MAX_FUSED_D = 1024
 
 FUSED_FORWARD = KernelSpec(
     "compressed.stream_forward",
-    "Triton: the packed stream kernel on residual tokens: each tile's codes and residual bytes read, "
-    "unpacked in registers, centroids gathered (L2), decoded, optionally L2-normalised and scored on "
-    "chip; no decoded corpus in memory",
+    "Triton: the packed stream kernel on residual tokens: each tile's codes and residual bytes read "
+    "and scored plane by plane (a bit field of every byte, its weights plus the gathered centroids' "
+    "same dimensions, against the query's), each token's norm dividing its column after the dot; no "
+    "decoded corpus in memory",
     dtypes=DECODE_DTYPES,
     layouts=("packed",),
     argmax=False,

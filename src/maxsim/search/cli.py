@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from maxsim.search import format as corpus_format
+
 INDEX_EXAMPLE = """example:
   python -m maxsim index --out corpus/ docs.npy --lengths doc_lengths.npy --ids doc_ids.txt
   python -m maxsim index --out corpus/ --append more_docs.pt
@@ -25,7 +27,6 @@ SEARCH_EXAMPLE = """example:
   trec_eval qrels.txt run.trec          # or ir_measures
 """
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-_ENCODINGS = ("float16", "bfloat16", "float32", "int8", "fp8")
 
 
 def _parse_bytes(text: str) -> int:
@@ -155,7 +156,7 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lengths", action="append", help="lengths .npy for a .npy/.safetensors input (once per input)")
     p.add_argument("--ids", action="append", help="text file of ids, one per line (once per input)")
     stored = p.add_mutually_exclusive_group()
-    stored.add_argument("--encoding", choices=_ENCODINGS,
+    stored.add_argument("--encoding", choices=corpus_format.ENCODINGS,
                         help="store the tokens as this: a float dtype, or int8 / fp8 (e4m3) values with an fp32 "
                              "scale per token, d + 4 bytes a token (default: the input's dtype; with --append, "
                              "an int8 / fp8 corpus's own encoding)")

@@ -48,7 +48,7 @@ def _choice(nq, lq, d, dtype, layout, masked, normalize, argmax, family) -> Choi
     fused, chunked = specs.FUSED_FORWARD, specs.CHUNKED_DECODE
     why_not = fused.unsupported(call)
     if why_not is None and d > specs.MAX_FUSED_D:
-        why_not = f"decodes whole tokens on chip for d <= {specs.MAX_FUSED_D}, not d = {d} (the tile would spill)"
+        why_not = f"holds the query's bit planes on chip for d <= {specs.MAX_FUSED_D}, not d = {d} (they would spill)"
     if why_not is not None:
         return Choice(chunked, dict(chunk_bytes=64 << 20), "the stream kernel cannot run the call", "-",
                       ((fused.name, why_not),))
