@@ -36,6 +36,7 @@ from maxsim.dense.forward_ws import WS_MAXNREG, WS_SUB_TILES, _maxsim_fwd_ws_ker
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
 from maxsim.varlen.stream import _maxsim_varlen_stream_kernel
+from maxsim.index.approx import _plaid_approx_kernel
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
@@ -250,6 +251,11 @@ def compressed_variants():
     yield "residual stream 128 stacked rows", _maxsim_varlen_stream_kernel, dict(base, BM=128), ptrs, 4, 2
     yield "residual stream fp32 decode ieee", _maxsim_varlen_stream_kernel, \
         dict(base, BN=16, DOT_PRECISION="ieee"), dict(ptrs, q_ptr="fp32", cent_ptr="fp32", w_ptr="fp32"), 4, 2
+    approx_ptrs = dict(by_code_ptr="fp32", keep_ptr="i1", codes_ptr="i64", starts_ptr="i64", lengths_ptr="i64",
+                       query_ptr="i64", pid_ptr="i64", real_ptr="i1", out_ptr="fp32")
+    for keep in (False, True):  # PLAID's approximate scores (maxsim/index/approx.py), as launched
+        yield f"plaid approx scores keep={keep}", _plaid_approx_kernel, \
+            dict(BT=32, BLQ=32, KEEP=keep, EMPTY=-9999.0), approx_ptrs, 4, 2
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).

@@ -25,7 +25,8 @@ import torch
 import maxsim as _maxsim
 
 from ..compressed._inputs import check_q_mask
-from ..compressed.scoring import EMPTY_TOKEN_SCORE
+from ..compressed.scoring import EMPTY_TOKEN_SCORE, maxsim_residual_varlen
+from .approx import approx_scores_fused
 
 SETTINGS = ("colbert", "fast-plaid")
 # fast-plaid's search defaults (n_ivf_probe, n_full_scores); it never prunes by threshold
@@ -130,6 +131,10 @@ def _approx_scores(index, S, real, query, pids, threshold):
     S = S.masked_fill(~real.unsqueeze(-1), float("-inf"))  # a masked token never decides keep / drop
     keep = None if threshold is None else S.amax(dim=1) >= float(threshold)  # [Nq, C]
     by_code = S.transpose(1, 2).contiguous()  # [Nq, C, Lq]: a token's Lq scores in one contiguous row
+    fused = approx_scores_fused(by_code, keep, index.codes, index.cu_seqlens[:-1], index.doc_lengths, query, pids,
+                                real)
+    if fused is not None:
+        return fused
     where = index.cu_seqlens.device
     lengths = index.doc_lengths[pids.to(where)].cpu()
     out = torch.empty(pids.numel(), dtype=torch.float32, device=S.device)
@@ -166,6 +171,12 @@ def _exact_scores(index, q, cu_q, max_q, query, pids, decode_dtype):
     """MaxSim of each pair [P] fp32 on its document's decoded residuals (normalised as colbert-ai
     does), each document decoded once a chunk for every query of the chunk that kept it."""
     codec = index.codec.to(q.device) if index.codec.device != q.device else index.codec
+    if cu_q.numel() == 2:  # one query: its documents decoded on chip by the fused scorer, never stored
+        docs, local = torch.unique(pids, return_inverse=True)
+        codes, residuals, cu_d = gather_documents(index, docs)
+        scores = maxsim_residual_varlen(q, codes.to(q.device), residuals.to(q.device), cu_d.to(q.device), codec,
+                                        decode_dtype=decode_dtype)  # [n]
+        return scores[local]
     where = index.cu_seqlens.device
     lengths = index.doc_lengths[pids.to(where)].cpu()
     out = torch.empty(pids.numel(), dtype=torch.float32, device=q.device)

@@ -46,8 +46,9 @@ def _residual_plane(b_s, d_sq, b_qk, k: tl.constexpr, b_bytes, p_c, m_tile, pack
                     NORMALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Adds plane k of a tile of residual tokens to S: the field at shift 8 - NBITS (k + 1) of each
     byte ([BN, BP]), its bucket weight plus the centroids' same dimensions (p_c: [BN, BP] pointers
-    to plane 0 of each token's centroid, in plane order), times the query's plane k. d_sq [BN]
-    gathers the decoded tokens' squared norms."""
+    to plane 0 of each token's centroid, in plane order), times the query's plane k. d_sq gathers
+    the decoded tokens' squares: [BN, BP] per column for fp32 tokens, else the Gram matrix
+    [BN, BN] whose diagonal holds the squared norms."""
     b_f = (b_bytes >> (8 - NBITS * (k + 1))) & ((1 << NBITS) - 1)  # [BN, BP] raw fields
     if NBITS == 1:  # a select is cheaper than a gather for two or four weights
         b_w = tl.where(b_f == 0, tl.load(w_ptr), tl.load(w_ptr + 1))
@@ -61,8 +62,12 @@ def _residual_plane(b_s, d_sq, b_qk, k: tl.constexpr, b_bytes, p_c, m_tile, pack
     # (fp32 holds 2 * 11 + 2 bits: rounding twice cannot differ from rounding once).
     b_x = tl.where(m_tile, b_c + b_w, 0.0)
     if NORMALIZE:
-        b_xf = b_x.to(tl.float32)
-        d_sq += tl.sum(b_xf * b_xf, axis=1)
+        if b_x.dtype == tl.float32:
+            d_sq += b_x * b_x  # [BN, BP]: summed over the columns once, after the last plane
+        else:
+            # 16-bit tokens: the squares on the tensor cores (X X^T, exact products, fp32 sums),
+            # whose diagonal the caller takes: widening every element to fp32 costs more.
+            d_sq = tl.dot(b_x, tl.trans(b_x), d_sq)  # [BN, BN]
     b_s = tl.dot(b_qk, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
     return b_s, d_sq
 
@@ -83,7 +88,11 @@ def _residual_scores(b_q0, b_q1, b_q2, b_q3, b_q4, b_q5, b_q6, b_q7, d_ptr, code
     p_c = cent_ptr + tl.where(m_code, b_code, 0)[:, None] * dim + o_p[None, :]  # [BN, BP]
     b_bytes = tl.load(d_ptr + o_t[:, None] * packed_dim + o_p[None, :], mask=m_tile, other=0)  # [BN, BP] uint8
     b_s = tl.zeros([BM, BN], dtype=tl.float32)
-    d_sq = tl.zeros([BN], dtype=tl.float32)
+    WIDE: tl.constexpr = cent_ptr.dtype.element_ty == tl.float32
+    if WIDE:
+        d_sq = tl.zeros([BN, BP], dtype=tl.float32)  # the squares, per column
+    else:
+        d_sq = tl.zeros([BN, BN], dtype=tl.float32)  # the Gram matrix of the tile's tokens
     b_s, d_sq = _residual_plane(b_s, d_sq, b_q0, 0, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
                                 DOT_PRECISION)
     if PER_BYTE >= 2:
@@ -104,7 +113,12 @@ def _residual_scores(b_q0, b_q1, b_q2, b_q3, b_q4, b_q5, b_q6, b_q7, d_ptr, code
         b_s, d_sq = _residual_plane(b_s, d_sq, b_q7, 7, b_bytes, p_c, m_tile, packed_dim, w_ptr, NBITS, NORMALIZE,
                                     DOT_PRECISION)
     if NORMALIZE:
-        b_norm = tl.maximum(tl.sqrt_rn(d_sq), 1e-12)  # [BN]
+        if WIDE:
+            b_sq = tl.sum(d_sq, axis=1)  # [BN]
+        else:
+            o_n = tl.arange(0, BN)
+            b_sq = tl.sum(tl.where(o_n[:, None] == o_n[None, :], d_sq, 0.0), axis=1)  # [BN]: the diagonal
+        b_norm = tl.maximum(tl.sqrt_rn(b_sq), 1e-12)  # [BN]
         # fp16 decode: the norm rounded to fp16 first (colbert-ai's CUDA decode, the codec's)
         b_norm = b_norm.to(cent_ptr.dtype.element_ty).to(tl.float32)
         b_norm = tl.where(m_t, b_norm, 1.0)  # rows past the document: their scores are 0 and stay 0
