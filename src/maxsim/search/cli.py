@@ -21,12 +21,25 @@ INDEX_EXAMPLE = """example:
   python -m maxsim index --out corpus/ docs.npy --lengths doc_lengths.npy --ids doc_ids.txt
   python -m maxsim index --out corpus/ --append more_docs.pt
   python -m maxsim index --out corpus8/ --encoding int8 docs.npy --lengths doc_lengths.npy
+  python -m maxsim index --out plaid2/ --encoding residual2 docs.npy --lengths doc_lengths.npy
+  python -m maxsim index --out pq/ --encoding pq32 docs.npy --lengths doc_lengths.npy
 """
 SEARCH_EXAMPLE = """example:
   python -m maxsim search --corpus corpus/ --queries queries.pt -k 100 --out run.trec
   trec_eval qrels.txt run.trec          # or ir_measures
 """
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class _EncodingChoices(tuple):
+    """The documented encodings (format.ENCODINGS, listed by --help and in errors) that also hold every
+    name the format takes: any pq<m>, residual1 and residual8."""
+
+    def __contains__(self, name) -> bool:
+        return corpus_format.is_encoding(name)
+
+
+ENCODING_CHOICES = _EncodingChoices(corpus_format.ENCODINGS)
 
 
 def _parse_bytes(text: str) -> int:
@@ -156,16 +169,35 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lengths", action="append", help="lengths .npy for a .npy/.safetensors input (once per input)")
     p.add_argument("--ids", action="append", help="text file of ids, one per line (once per input)")
     stored = p.add_mutually_exclusive_group()
-    stored.add_argument("--encoding", choices=corpus_format.ENCODINGS,
-                        help="store the tokens as this: a float dtype, or int8 / fp8 (e4m3) values with an fp32 "
-                             "scale per token, d + 4 bytes a token (default: the input's dtype; with --append, "
-                             "an int8 / fp8 corpus's own encoding)")
+    stored.add_argument("--encoding", choices=ENCODING_CHOICES, metavar="{" + ",".join(corpus_format.ENCODINGS) + "}",
+                        help="store the tokens as this: a float dtype; int8 / fp8 (e4m3) values with an fp32 "
+                             "scale per token, d + 4 bytes a token; residual2 / residual4, PLAID residual codes "
+                             "(a centroid id and 2 or 4 bits a dimension, d * nbits / 8 + 4 bytes a token; d a "
+                             "multiple of 8); or pq<m> (pq16, pq32, pq64, ...: m bytes a token, m dividing d), "
+                             "product quantisation. A residual / PQ codec is trained on the first input's tokens "
+                             "(on --device) and encodes every input (default: the input's dtype; with --append, "
+                             "the corpus's own encoding, and its codec)")
     stored.add_argument("--dtype", choices=sorted(_DTYPES), help="store in this float dtype (as --encoding)")
+    p.add_argument("--num-centroids", type=int,
+                   help="residual encodings: centroids of the trained codec (default: colbert-ai's, "
+                        "2**floor(log2(16 sqrt(T))) for T training tokens)")
+    p.add_argument("--device", help="where a residual / PQ codec is trained and the tokens encoded: cuda, cuda:1 or "
+                        "cpu (default: cuda when available)")
     p.add_argument("--append", action="store_true", help="add to the corpus at --out")
     p.add_argument("--overwrite", action="store_true", help="replace the corpus at --out")
     p.add_argument("--quiet", action="store_true", help="no summary line")
     p.set_defaults(run=run_index)
     return p
+
+
+def _train_codec(args, encoding: str, packed: torch.Tensor, device: torch.device):
+    """The codec of a new residual / PQ corpus, trained on ``packed`` (one input's tokens) on ``device``."""
+    from maxsim.search.corpus import train_codec
+
+    if not args.quiet:
+        print(f"maxsim index: training a {encoding} codec on {packed.shape[0]} tokens on {device} ...", file=sys.stderr)
+    return train_codec(packed.to(device), encoding, num_centroids=args.num_centroids,
+                       progress=False if args.quiet else None)
 
 
 def run_index(args) -> int:
@@ -177,13 +209,35 @@ def run_index(args) -> int:
         if given and len(given) != len(args.inputs):
             print(f"maxsim index: give --{option} once per input ({len(args.inputs)}), or not at all", file=sys.stderr)
             return 2
+    if args.num_centroids is not None and args.num_centroids < 1:
+        print(f"maxsim index: --num-centroids must be at least 1; got {args.num_centroids}", file=sys.stderr)
+        return 2
     documents = tokens = next_id = 0
     append = args.append
     encoding = args.encoding or args.dtype
-    if encoding is None and append and Path(args.out, "manifest.json").is_file():
-        # float documents appended to a one-byte corpus are quantised like its own
+    codec = None
+    existing = None
+    if append and Path(args.out, "manifest.json").is_file():
         existing = Corpus.load(args.out, mmap=True, verify=False)
-        encoding = existing.encoding if existing.is_quantized else None
+        if existing.is_compressed:
+            # documents appended to a residual / PQ corpus are encoded with its codec, never a new one
+            if encoding is not None and encoding != existing.encoding:
+                raise TypeError(f"maxsim: cannot append {encoding} documents to the corpus {args.out} of "
+                                f"{existing.encoding}: leave --encoding out (its codec encodes them), or build a "
+                                "new corpus from the float tokens")
+            encoding, codec = existing.encoding, existing.codec
+        elif encoding is not None and corpus_format.is_compressed(encoding):
+            raise TypeError(f"maxsim: cannot append {encoding} documents to the corpus {args.out} of "
+                            f"{existing.encoding}: build a new corpus (without --append)")
+        elif encoding is None and existing.is_quantized:
+            # float documents appended to a one-byte corpus are quantised like its own
+            encoding = existing.encoding
+    if args.num_centroids is not None and encoding not in corpus_format.RESIDUAL_ENCODINGS:
+        print("maxsim index: --num-centroids is for a new corpus of a residual encoding", file=sys.stderr)
+        return 2
+    compressed = encoding is not None and corpus_format.is_compressed(encoding)
+    device = torch.device(args.device) if args.device else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     for n, path in enumerate(args.inputs):
         packed, lengths, ids = load_embeddings(path, (args.lengths or [None] * len(args.inputs))[n])
         if args.ids:
@@ -191,12 +245,19 @@ def run_index(args) -> int:
         offsets = np.zeros(lengths.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if ids is None:  # default ids continue the corpus's (or the previous input's) numbering
-            if n == 0 and append and Path(args.out, "manifest.json").is_file():
-                existing = Corpus.load(args.out, mmap=True, verify=False).ids
-                next_id = int(existing.max()) + 1 if isinstance(existing, np.ndarray) and len(existing) else 0
+            if n == 0 and existing is not None:
+                old = existing.ids
+                next_id = int(old.max()) + 1 if isinstance(old, np.ndarray) and len(old) else 0
             ids = np.arange(next_id, next_id + lengths.size, dtype=np.int64)
             next_id += lengths.size
-        corpus = Corpus(packed, offsets, ids, encoding=encoding)
+        if compressed:
+            if codec is None:
+                codec = _train_codec(args, encoding, packed, device)
+            # encoded on --device; save copies the codes to the host
+            corpus = Corpus(packed.to(device), offsets, ids, codec=codec)
+            codec = corpus.codec  # (on the device: the next input encodes there too)
+        else:
+            corpus = Corpus(packed, offsets, ids, encoding=encoding)
         corpus.save(args.out, append=append, overwrite=args.overwrite and n == 0)
         append = True
         documents += len(corpus)

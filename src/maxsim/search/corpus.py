@@ -6,12 +6,16 @@
     corpus = Corpus.load("corpus/", mmap=True)                      # on disk, memory-mapped
     result = corpus.search(Q, k=100)                                # SearchResult(scores, indices, ids)
     corpus = Corpus.from_list(docs, encoding="int8")                # one byte a dim + an fp32 scale a token
+    corpus = Corpus.from_list(docs, encoding="residual2")           # PLAID: a centroid id + 2 bits a dim
+    corpus = Corpus.from_list(docs, encoding="pq32")                # product quantisation: 32 bytes a token
+    corpus = Corpus.from_index("colbert_or_fast_plaid_index/")      # the codes of an existing PLAID index
 
 A corpus is a list of segments (one per save/append), each a packed ``[t, d]`` tensor with its
-document offsets (and, for an int8 / fp8 corpus, its ``[t]`` fp32 scales); its tensors live on
-the GPU, in (optionally pinned) host memory, or are memory maps of the corpus file. Searching a
-GPU-resident corpus scores it in place; a host or mapped corpus streams to the GPU under a memory
-budget (stream.py).
+document offsets (and, for an int8 / fp8 corpus, its ``[t]`` fp32 scales; for a residual corpus
+its ``[t]`` int32 codes and ``[t, d * nbits / 8]`` uint8 residuals; for a PQ corpus its ``[t, m]``
+uint8 codes, with one codec for the whole corpus); its tensors live on the GPU, in (optionally
+pinned) host memory, or are memory maps of the corpus file. Searching a GPU-resident corpus
+scores it in place; a host or mapped corpus streams to the GPU under a memory budget (stream.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import numpy as np
 import torch
 
 import maxsim
+from maxsim.compressed.codec import ResidualCodec
+from maxsim.compressed.pq import ProductQuantizer
 from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
 from maxsim.search import format as corpus_format
 
@@ -33,6 +39,7 @@ ENCODINGS = corpus_format.ENCODINGS
 # one-byte encodings -> (quantize_tokens' format, the values' dtype)
 _QUANTIZED = {"int8": ("int8", torch.int8), "fp8": ("fp8_e4m3", torch.float8_e4m3fn)}
 _VALUE_ENCODINGS = {dtype: name for name, (_, dtype) in _QUANTIZED.items()}
+_CODE_DTYPES = {"int32": torch.int32, "uint8": torch.uint8}
 
 
 class SearchResult(NamedTuple):
@@ -49,17 +56,31 @@ class CorpusSegment:
     """Documents ``first_document ...`` of a corpus: ``embeddings [t, d]`` and host ``offsets
     [n + 1]`` int64 (from 0). ``mapped``: the embeddings are a memory map of a corpus file.
     ``scales [t]`` fp32 (on the embeddings' device) for an int8 / fp8 corpus, whose embeddings are
-    the one-byte values; None for a float corpus."""
+    the one-byte values; None for a float corpus. For a residual corpus ``embeddings`` holds the
+    codes ``[t]`` int32 and ``residuals [t, d * nbits / 8]`` uint8 the packed residuals; for a PQ
+    corpus ``embeddings`` holds the codes ``[t, m]`` uint8 (the codec is the corpus's)."""
 
     embeddings: torch.Tensor
     offsets: np.ndarray
     first_document: int
     mapped: bool = False
     scales: torch.Tensor | None = None
+    residuals: torch.Tensor | None = None
 
     def parts(self) -> tuple[torch.Tensor, ...]:
-        """The per-token tensors: ``(embeddings,)`` or ``(values, scales)``."""
-        return (self.embeddings,) if self.scales is None else (self.embeddings, self.scales)
+        """The per-token tensors: ``(embeddings,)``, ``(values, scales)``, ``(codes, residuals)``
+        (residual) or ``(codes,)`` (PQ)."""
+        return (self.embeddings,) + tuple(t for t in (self.scales, self.residuals) if t is not None)
+
+    def with_parts(self, parts, **changes) -> "CorpusSegment":
+        """This segment with ``parts`` (as :meth:`parts` orders them) in place of its tensors."""
+        parts = list(parts)
+        embeddings = parts.pop(0)
+        scales = parts.pop(0) if self.scales is not None else None
+        residuals = parts.pop(0) if self.residuals is not None else None
+        fields = dict(offsets=self.offsets, first_document=self.first_document, mapped=self.mapped)
+        fields.update(changes)
+        return CorpusSegment(embeddings, scales=scales, residuals=residuals, **fields)
 
     @property
     def num_documents(self) -> int:
@@ -76,26 +97,144 @@ def _as_tensor(name, x) -> torch.Tensor:
 
 def _check_embeddings(name: str, x: torch.Tensor) -> None:
     if x.dtype not in _DTYPE_NAMES:
-        raise TypeError(f"maxsim: {name} must be float16, bfloat16 or float32 (for one-byte tokens pass floats "
-                        f"with encoding='int8' or 'fp8'); got {x.dtype}")
+        raise TypeError(f"maxsim: {name} must be float16, bfloat16 or float32 (for one-byte, residual or PQ tokens "
+                        f"pass floats with encoding='int8', 'fp8', 'residual2', 'pq32', ...); got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"maxsim: {name} must be packed [total_tokens, d]; got {list(x.shape)}")
 
 
 def _check_encoding(encoding) -> None:
-    if encoding is not None and encoding not in ENCODINGS:
-        raise ValueError(f"maxsim: encoding must be one of {', '.join(ENCODINGS)} (or None: the input's dtype); "
-                         f"got {encoding!r}")
+    if encoding is not None and not corpus_format.is_encoding(encoding):
+        raise ValueError(f"maxsim: encoding must be one of {', '.join(ENCODINGS)}, residual1, residual8 or pq<m> "
+                         f"(m dividing d) (or None: the input's dtype); got {encoding!r}")
 
 
-def _encode(embeddings: torch.Tensor, encoding):
-    """Float ``[T, d]`` -> ``(embeddings [T, d], scales [T] fp32 or None)`` in ``encoding``
-    (None: as they are)."""
+def codec_encoding(codec) -> str:
+    """The encoding a codec writes: "residual<nbits>" for a ResidualCodec, "pq<m>" for a
+    ProductQuantizer."""
+    if isinstance(codec, ResidualCodec):
+        return f"residual{codec.nbits}"
+    if isinstance(codec, ProductQuantizer):
+        return f"pq{codec.m}"
+    raise TypeError(f"maxsim: codec must be a maxsim.compressed.ResidualCodec or ProductQuantizer; "
+                    f"got {type(codec).__name__}")
+
+
+def _resolve_encoding(encoding, codec):
+    """(encoding, codec) of a constructor: a given codec names its encoding (which ``encoding``,
+    if given, must be)."""
+    _check_encoding(encoding)
+    if codec is None:
+        return encoding
+    own = codec_encoding(codec)
+    if encoding is not None and encoding != own:
+        raise ValueError(f"maxsim: codec= is a {type(codec).__name__} for encoding {own!r}, but encoding={encoding!r}: "
+                         f"give encoding={own!r} (or leave it out)")
+    return own
+
+
+def _pq_choices(d: int) -> str:
+    return ", ".join(f"pq{m}" for m in range(1, d + 1) if d % m == 0)
+
+
+def train_codec(tokens: torch.Tensor, encoding: str, *, num_centroids: int | None = None, progress=None):
+    """A codec for ``encoding`` trained on the float ``tokens [T, d]`` (on their device), with the
+    library's defaults: "residual<nbits>" -> ``ResidualCodec.train(tokens, nbits, num_centroids=)``
+    (colbert-ai's recipe and, by default, centroid count, on a sample of the tokens); "pq<m>" ->
+    ``ProductQuantizer.train(tokens, m, progress=progress)`` (k-means on a sample of 65536 tokens;
+    a tqdm bar per ``progress``)."""
+    if not corpus_format.is_compressed(encoding):
+        raise ValueError(f"maxsim: {encoding!r} has no codec to train (residual<nbits> or pq<m> have)")
+    if not torch.is_tensor(tokens) or not tokens.is_floating_point() or tokens.dim() != 2:
+        raise TypeError(f"maxsim: a {encoding} codec is trained on float tokens [T, d]")
+    total, d = tokens.shape
+    m = corpus_format.pq_subspaces(encoding)
+    if m is None:
+        if d % 8:
+            raise ValueError(f"maxsim: {encoding} needs d to be a multiple of 8 (d * nbits / 8 residual bytes a "
+                             f"token); the tokens have d={d}")
+        if total == 0:
+            raise ValueError(f"maxsim: cannot train a {encoding} codec on no tokens: pass codec=")
+        return ResidualCodec.train(tokens, corpus_format.RESIDUAL_ENCODINGS[encoding], num_centroids=num_centroids)
+    if num_centroids is not None:
+        raise ValueError(f"maxsim: num_centroids is for residual encodings; a {encoding} codec has 256 a sub-space")
+    if d % m:
+        raise ValueError(f"maxsim: {encoding} needs m={m} to divide d={d}: use one of {_pq_choices(d)}")
+    if total < corpus_format.PQ_CENTROIDS:
+        raise ValueError(f"maxsim: training a {encoding} codec needs at least {corpus_format.PQ_CENTROIDS} tokens "
+                         f"(one per centroid); got {total}: train it on more tokens and pass codec=")
+    return ProductQuantizer.train(tokens, m, progress=progress)
+
+
+def _check_codec_fits(codec, encoding: str, d: int) -> None:
+    if codec.dim != d:
+        raise ValueError(f"maxsim: the tokens have d={d} but the {encoding} codec has d={codec.dim}")
+
+
+def _encode(embeddings: torch.Tensor, encoding, codec=None):
+    """Float ``[T, d]`` -> ``(embeddings or codes, scales or None, residuals or None, codec or None)``
+    in ``encoding`` (None: as they are). A residual / PQ encoding trains a codec on the tokens unless
+    ``codec`` is given; the codes and the codec are on the tokens' device."""
     if encoding is None:
-        return embeddings, None
+        return embeddings, None, None, None
     if encoding in _QUANTIZED:
-        return quantize_tokens(embeddings, _QUANTIZED[encoding][0])
-    return embeddings.to(_TORCH_DTYPES[encoding]), None
+        values, scales = quantize_tokens(embeddings, _QUANTIZED[encoding][0])
+        return values, scales, None, None
+    if not corpus_format.is_compressed(encoding):
+        return embeddings.to(_TORCH_DTYPES[encoding]), None, None, None
+    if codec is None:
+        codec = train_codec(embeddings, encoding)
+    _check_codec_fits(codec, encoding, int(embeddings.shape[1]))
+    if codec.device != embeddings.device:
+        codec = codec.to(embeddings.device)
+    if isinstance(codec, ProductQuantizer):
+        return codec.encode(embeddings), None, None, codec
+    if codec.bucket_cutoffs is None:
+        raise ValueError(f"maxsim: this {encoding} codec has no bucket_cutoffs (one loaded without them decodes "
+                         "but cannot encode): encode with a codec that has them")
+    codes, residuals = codec.encode(embeddings)
+    return codes, None, residuals, codec
+
+
+def codec_tables(codec) -> dict:
+    """A codec's tables as the corpus file stores them (``{name: numpy array}``; format.py):
+    fp16 centroids stay fp16, every other table is fp32 (decoding gives the same tokens)."""
+    if isinstance(codec, ProductQuantizer):
+        return {"codebooks": codec.codebooks.detach().cpu().float().contiguous().numpy()}
+    centroids = codec.centroids.detach().cpu()
+    tables = {"centroids": (centroids if centroids.dtype == torch.float16 else centroids.float()).contiguous().numpy(),
+              "bucket_weights": codec.bucket_weights.detach().cpu().float().contiguous().numpy()}
+    if codec.bucket_cutoffs is not None:
+        tables["bucket_cutoffs"] = codec.bucket_cutoffs.detach().cpu().float().contiguous().numpy()
+    avg = codec.avg_residual
+    if avg is not None:
+        avg = avg.detach().cpu().float().numpy() if torch.is_tensor(avg) else np.asarray(avg)
+        tables["avg_residual"] = np.ascontiguousarray(avg, dtype=np.float32)
+    return tables
+
+
+def _codec_from_tables(encoding: str, tables: dict):
+    if "codebooks" in tables:
+        return ProductQuantizer(torch.from_numpy(tables["codebooks"]))
+    optional = {name: torch.from_numpy(tables[name]) if name in tables else None
+                for name in ("bucket_cutoffs", "avg_residual")}
+    return ResidualCodec(torch.from_numpy(tables["centroids"]), torch.from_numpy(tables["bucket_weights"]),
+                         corpus_format.RESIDUAL_ENCODINGS[encoding], **optional)
+
+
+def _same_codec(a, b) -> bool:
+    """The same codec: the same object, or equal tables (what decoding reads)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or codec_encoding(a) != codec_encoding(b):
+        return False
+    return corpus_format._same_codec(codec_tables(a), codec_tables(b))
+
+
+def _codec_to(codec, device: torch.device):
+    if codec is None or codec.device == device:
+        return codec
+    return codec.to(device)
 
 
 def _normalize_ids(ids, n: int, first: int = 0):
@@ -139,20 +278,38 @@ class Corpus:
     """Multi-vector documents, packed: ``[T, d]`` embeddings, offsets ``[N + 1]``, N ids.
 
     Build with :meth:`from_packed` (also ``Corpus(embeddings, offsets, ids)``), :meth:`from_list`,
-    :meth:`from_padded` (torch or numpy inputs), or :meth:`load`. ``ids``: str or int, unique;
-    default 0 .. N - 1. Move with :meth:`to` / :meth:`pin_memory`.
+    :meth:`from_padded` (torch or numpy inputs), :meth:`from_index` (a PLAID index) or :meth:`load`.
+    ``ids``: str or int, unique; default 0 .. N - 1. Move with :meth:`to` / :meth:`pin_memory`.
 
-    ``encoding`` (every constructor): how the tokens are held. None (default): as given, float16,
-    bfloat16 or float32. "float16" / "bfloat16" / "float32": cast to it. "int8" / "fp8": quantised
-    per token (``maxsim.compressed.quantized.quantize_tokens``, fp8 = e4m3): values ``[T, d]``
-    int8 / float8_e4m3fn plus scales ``[T]`` fp32, d + 4 bytes a token; search scores MaxSim
-    against the dequantised tokens ``values * scale``. To re-encode a corpus, build a new one:
-    ``Corpus.from_packed(c.embeddings, c.offsets, c.ids, encoding="int8")`` (float ``c``).
+    ``encoding`` (every constructor): how the tokens are held.
+
+    - None (default): as given, float16, bfloat16 or float32. "float16" / "bfloat16" / "float32":
+      cast to it (2d or 4d bytes a token).
+    - "int8" / "fp8": quantised per token (``maxsim.compressed.quantized.quantize_tokens``, fp8 =
+      e4m3): values ``[T, d]`` int8 / float8_e4m3fn plus scales ``[T]`` fp32, d + 4 bytes a token;
+      search scores MaxSim against the dequantised tokens ``values * scale``.
+    - "residual2" / "residual4" (also "residual1", "residual8"): PLAID residual compression
+      (``maxsim.compressed.ResidualCodec``): a centroid code ``[T]`` int32 plus ``[T, d * nbits /
+      8]`` uint8 residuals, d * nbits / 8 + 4 bytes a token (d a multiple of 8); search scores
+      ``maxsim_residual_varlen``, i.e. MaxSim against the decoded, L2-normalised tokens.
+    - "pq<m>" (e.g. "pq16", "pq32", "pq64"; m must divide d): product quantisation
+      (``maxsim.compressed.ProductQuantizer``): codes ``[T, m]`` uint8, m bytes a token; search
+      scores ``maxsim_pq_varlen``, MaxSim against the decoded tokens.
+
+    A residual / PQ corpus has one codec (``corpus.codec``): ``codec=`` (every constructor) takes a
+    ResidualCodec or ProductQuantizer to encode with (its encoding is then implied); without it
+    one is trained on the tokens being encoded (:func:`train_codec`: the library's defaults, on a
+    sample). Appends encode with the corpus's codec, never a new one. Searching such a corpus
+    takes float16, bfloat16 or float32 queries. To re-encode a corpus, build a new one from the
+    float tokens: ``Corpus.from_packed(c.embeddings, c.offsets, c.ids, encoding="int8")`` (float
+    ``c``); the tokens of a compressed corpus are only ever decoded (``document(j)``).
     """
 
-    def __init__(self, embeddings, offsets, ids=None, *, encoding: str | None = None):
+    def __init__(self, embeddings, offsets, ids=None, *, encoding: str | None = None, codec=None):
         embeddings = _as_tensor("embeddings", embeddings)
-        _check_encoding(encoding)
+        encoding = _resolve_encoding(encoding, codec)
+        if encoding is not None and codec is not None and not corpus_format.is_compressed(encoding):
+            raise ValueError(f"maxsim: codec= is for residual and PQ encodings, not {encoding!r}")
         if encoding is None or not embeddings.is_floating_point():  # (an encoding casts any float, fp64 too)
             _check_embeddings("embeddings", embeddings)
         elif embeddings.dim() != 2:
@@ -160,8 +317,10 @@ class Corpus:
         offsets = _as_tensor("offsets", offsets).cpu().numpy().astype(np.int64).reshape(-1)
         if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != embeddings.shape[0] or (np.diff(offsets) < 0).any():
             raise ValueError(f"maxsim: offsets must start at 0, never decrease and end at {embeddings.shape[0]}")
-        embeddings, scales = _encode(embeddings, encoding)
-        self._segments = [CorpusSegment(embeddings.contiguous(), offsets, 0, scales=scales)]
+        first, scales, residuals, codec = _encode(embeddings, encoding, codec)
+        self._segments = [CorpusSegment(first.contiguous(), offsets, 0, scales=scales,
+                                        residuals=None if residuals is None else residuals.contiguous())]
+        self.codec = codec
         self.ids = _normalize_ids(ids, offsets.size - 1)
         self.path: Path | None = None
         self.base_index = 0  # global index of document 0 (a shard of a larger corpus)
@@ -170,22 +329,23 @@ class Corpus:
     # -- construction -----------------------------------------------------------------------
 
     @classmethod
-    def from_packed(cls, embeddings, offsets, ids=None, *, encoding: str | None = None) -> "Corpus":
-        """``embeddings [T, d]``, ``offsets`` (cu_seqlens) ``[N + 1]``; ``encoding`` as the class."""
-        return cls(embeddings, offsets, ids, encoding=encoding)
+    def from_packed(cls, embeddings, offsets, ids=None, *, encoding: str | None = None, codec=None) -> "Corpus":
+        """``embeddings [T, d]``, ``offsets`` (cu_seqlens) ``[N + 1]``; ``encoding`` and ``codec``
+        as the class."""
+        return cls(embeddings, offsets, ids, encoding=encoding, codec=codec)
 
     @classmethod
-    def from_list(cls, documents, ids=None, *, encoding: str | None = None) -> "Corpus":
+    def from_list(cls, documents, ids=None, *, encoding: str | None = None, codec=None) -> "Corpus":
         """A ragged list of ``[L_j, d]`` tensors or arrays (an empty list is an error: no d);
-        ``encoding`` as the class."""
+        ``encoding`` and ``codec`` as the class."""
         documents = [_as_tensor("documents", x) for x in documents]
         packed, cu, _ = maxsim.pack(documents)
-        return cls(packed, cu, ids, encoding=encoding)
+        return cls(packed, cu, ids, encoding=encoding, codec=codec)
 
     @classmethod
-    def from_padded(cls, D, d_mask=None, ids=None, *, encoding: str | None = None) -> "Corpus":
+    def from_padded(cls, D, d_mask=None, ids=None, *, encoding: str | None = None, codec=None) -> "Corpus":
         """``D [Nd, Ld, d]`` with ``d_mask [Nd, Ld]`` (True = real token; None = all real);
-        ``encoding`` as the class."""
+        ``encoding`` and ``codec`` as the class."""
         D = _as_tensor("D", D)
         if D.dim() != 3:
             raise ValueError(f"maxsim: D must be [Nd, Ld, d]; got {list(D.shape)}")
@@ -200,12 +360,28 @@ class Corpus:
                     raise ValueError("maxsim: d_mask must be bool or hold only 0 and 1")
                 mask = mask != 0
         packed, cu, _ = maxsim.padded_to_packed(D, mask)
-        return cls(packed, cu, ids, encoding=encoding)
+        return cls(packed, cu, ids, encoding=encoding, codec=codec)
 
     @classmethod
-    def _from_segments(cls, segments, ids, path=None) -> "Corpus":
+    def from_index(cls, path, ids=None) -> "Corpus":
+        """A residual corpus holding the codes of a colbert-ai or fast-plaid (PyLate PLAID) index
+        folder, as ``maxsim.index.load`` reads it: its codec (encoding "residual<nbits>"), codes,
+        residuals and document lengths, no copy of the float tokens (which the index does not
+        keep). ``ids``: default 0 .. N - 1, the index's passage ids. The corpus is searched
+        exhaustively (not PLAID's candidate generation) and can be saved as a corpus file."""
+        from maxsim.index import load as load_index
+
+        index = load_index(path)
+        codes = index.codes if index.codes.dtype == torch.int32 else index.codes.to(torch.int32)
+        offsets = index.cu_seqlens.cpu().numpy().astype(np.int64)
+        segment = CorpusSegment(codes.contiguous(), offsets, 0, residuals=index.residuals.contiguous())
+        return cls._from_segments([segment], _normalize_ids(ids, offsets.size - 1), codec=index.codec)
+
+    @classmethod
+    def _from_segments(cls, segments, ids, path=None, codec=None) -> "Corpus":
         corpus = cls.__new__(cls)
         corpus._segments = segments
+        corpus.codec = codec
         corpus.ids = ids
         corpus.path = path
         corpus.base_index = 0
@@ -227,17 +403,21 @@ class Corpus:
 
     @property
     def dim(self) -> int:
+        if self.codec is not None:
+            return int(self.codec.dim)
         return int(self._segments[0].embeddings.shape[1])
 
     @property
     def dtype(self) -> torch.dtype:
-        """The stored embeddings' dtype: float16 / bfloat16 / float32, or int8 / float8_e4m3fn (the
-        one-byte values of an int8 / fp8 corpus)."""
+        """The stored embeddings' dtype: float16 / bfloat16 / float32, int8 / float8_e4m3fn (the
+        one-byte values of an int8 / fp8 corpus), or the codes' int32 / uint8 (residual / PQ)."""
         return self._segments[0].embeddings.dtype
 
     @property
     def encoding(self) -> str:
-        """"float16", "bfloat16", "float32", "int8" or "fp8"."""
+        """"float16", "bfloat16", "float32", "int8", "fp8", "residual<nbits>" or "pq<m>"."""
+        if self.codec is not None:
+            return codec_encoding(self.codec)
         if self._segments[0].scales is None:
             return _DTYPE_NAMES[self.dtype]
         return _VALUE_ENCODINGS[self.dtype]
@@ -246,6 +426,18 @@ class Corpus:
     def is_quantized(self) -> bool:
         """Whether the tokens are one-byte values with per-token scales (int8 / fp8)."""
         return self._segments[0].scales is not None
+
+    @property
+    def is_compressed(self) -> bool:
+        """Whether the tokens are codes of the corpus's codec (residual / PQ)."""
+        return self.codec is not None
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes a token takes in memory, on disk and in a streamed chunk: 4d / 2d (float), d + 4
+        (int8 / fp8), d * nbits / 8 + 4 (residual), m (PQ)."""
+        s = self._segments[0]
+        return sum(t.element_size() * int(np.prod(t.shape[1:], dtype=np.int64)) for t in s.parts())
 
     @property
     def device(self) -> torch.device:
@@ -264,23 +456,39 @@ class Corpus:
             base += int(s.offsets[-1])
         return np.concatenate(parts)
 
+    def _joined(self, field: str) -> torch.Tensor:
+        if len(self._segments) == 1:
+            return getattr(self._segments[0], field)
+        return torch.cat([getattr(s, field) for s in self._segments], 0)
+
     @property
     def embeddings(self) -> torch.Tensor:
         """``[T, d]`` as stored (a concatenation, i.e. a copy, when there are several segments): the
-        one-byte values of an int8 / fp8 corpus (``document`` dequantises)."""
-        if len(self._segments) == 1:
-            return self._segments[0].embeddings
-        return torch.cat([s.embeddings for s in self._segments], 0)
+        one-byte values of an int8 / fp8 corpus (``document`` dequantises). A residual / PQ corpus
+        holds codes, not embeddings: see :attr:`codes`, :attr:`residuals` and :meth:`document`."""
+        if self.is_compressed:
+            raise TypeError(f"maxsim: {self.name()} holds {self.encoding} codes, not embeddings: corpus.codes "
+                            "(and corpus.residuals) hold them, corpus.document(j) decodes a document; to re-encode, "
+                            "build a new corpus from the float tokens")
+        return self._joined("embeddings")
+
+    @property
+    def codes(self) -> torch.Tensor | None:
+        """The codes of a residual (``[T]`` int32) or PQ (``[T, m]`` uint8) corpus (a copy when
+        there are several segments); None for other encodings."""
+        return self._joined("embeddings") if self.is_compressed else None
+
+    @property
+    def residuals(self) -> torch.Tensor | None:
+        """``[T, d * nbits / 8]`` uint8 packed residuals of a residual corpus (a copy when there are
+        several segments); None for other encodings."""
+        return self._joined("residuals") if self._segments[0].residuals is not None else None
 
     @property
     def scales(self) -> torch.Tensor | None:
         """``[T]`` fp32 per-token scales of an int8 / fp8 corpus (a copy when there are several
         segments); None for a float corpus."""
-        if not self.is_quantized:
-            return None
-        if len(self._segments) == 1:
-            return self._segments[0].scales
-        return torch.cat([s.scales for s in self._segments], 0)
+        return self._joined("scales") if self.is_quantized else None
 
     @property
     def is_mapped(self) -> bool:
@@ -303,13 +511,19 @@ class Corpus:
 
     def document(self, index: int) -> torch.Tensor:
         """Embeddings ``[L, d]`` of document ``index``: a view, or for an int8 / fp8 corpus its
-        dequantised tokens ``values * scale`` in float32 (a new tensor)."""
+        dequantised tokens ``values * scale`` in float32, for a residual corpus its decoded tokens
+        (``codec.decode(..., dtype=torch.float32)``, L2-normalised), for a PQ corpus its decoded
+        tokens in float32 (new tensors)."""
         if not 0 <= index < len(self):
             raise IndexError(f"maxsim: document {index} out of range for {len(self)} documents")
         for s in self._segments:
             if index < s.first_document + s.num_documents:
                 j = index - s.first_document
                 t0, t1 = int(s.offsets[j]), int(s.offsets[j + 1])
+                if isinstance(self.codec, ProductQuantizer):
+                    return self.codec.decode(s.embeddings[t0:t1].to(self.codec.device))
+                if isinstance(self.codec, ResidualCodec):
+                    return self.codec.decode(s.embeddings[t0:t1], s.residuals[t0:t1], dtype=torch.float32)
                 if s.scales is None:
                     return s.embeddings[t0:t1]
                 return dequantize_tokens(s.embeddings[t0:t1], s.scales[t0:t1])
@@ -317,24 +531,25 @@ class Corpus:
 
     # -- moving -------------------------------------------------------------------------------
 
-    def _map(self, fn, mapped: bool | None = None) -> "Corpus":
-        segments = [CorpusSegment(fn(s.embeddings), s.offsets, s.first_document,
-                                  s.mapped if mapped is None else mapped, None if s.scales is None else fn(s.scales))
+    def _map(self, fn, mapped: bool | None = None, codec_device=None) -> "Corpus":
+        segments = [s.with_parts([fn(t) for t in s.parts()], mapped=s.mapped if mapped is None else mapped)
                     for s in self._segments]
-        out = Corpus._from_segments(segments, self.ids, self.path)
+        codec = self.codec if codec_device is None else _codec_to(self.codec, torch.device(codec_device))
+        out = Corpus._from_segments(segments, self.ids, self.path, codec)
         out.base_index, out.shard_info = self.base_index, self.shard_info
         return out
 
     def to(self, device) -> "Corpus":
-        """A copy on ``device`` (or this corpus when it is there already and not mapped)."""
+        """A copy on ``device`` (or this corpus when it is there already and not mapped); a residual
+        / PQ corpus's codec moves with it."""
         device = torch.device(device)
         if device == self.device and not self.is_mapped:
             return self
-        return self._map(lambda e: e.to(device, copy=e.device == device), mapped=False)
+        return self._map(lambda e: e.to(device, copy=e.device == device), mapped=False, codec_device=device)
 
     def pin_memory(self) -> "Corpus":
         """A copy in pinned host memory: what streams to the GPU at the full copy rate."""
-        return self._map(lambda e: e.cpu().pin_memory(), mapped=False)
+        return self._map(lambda e: e.cpu().pin_memory(), mapped=False, codec_device="cpu")
 
     # -- appending, sharding ------------------------------------------------------------------
 
@@ -343,32 +558,50 @@ class Corpus:
         segment on this corpus's device; default ids continue 0, 1, ... Returns self.
 
         Float documents (a list or a pair) appended to an int8 / fp8 corpus are quantised to its
-        encoding; a float corpus takes documents of its dtype, and an appended Corpus must have this
-        corpus's encoding."""
-        encoding = self.encoding if self.is_quantized else None
+        encoding, to a residual / PQ corpus encoded with its codec (never a new one); a float
+        corpus takes documents of its dtype, and an appended Corpus must have this corpus's
+        encoding (and codec)."""
+        encoding = self.encoding if (self.is_quantized or self.is_compressed) else None
         if isinstance(documents, Corpus):
             other = documents
             if ids is not None:
-                other = Corpus._from_segments(other._segments, _normalize_ids(ids, len(other)))
-        elif isinstance(documents, tuple) and len(documents) == 2:
-            other = Corpus(documents[0], documents[1], None if ids is None else ids, encoding=encoding)
+                other = Corpus._from_segments(other._segments, _normalize_ids(ids, len(other)), codec=other.codec)
         else:
-            other = Corpus.from_list(documents, ids, encoding=encoding)
+            pair = isinstance(documents, tuple) and len(documents) == 2
+            if not pair:
+                documents = [_as_tensor("documents", x) for x in documents]
+            if self.is_compressed:  # the codec takes tokens of its d only: say so before encoding
+                dims = {int(_as_tensor("embeddings", documents[0]).shape[-1])} if pair else \
+                    {int(x.shape[-1]) for x in documents}
+                if dims and dims != {self.dim}:
+                    raise ValueError(f"maxsim: cannot append d={min(dims - {self.dim})} documents to {self.name()} "
+                                     f"of d={self.dim}")
+            codec = self.codec
+            if pair:
+                other = Corpus(documents[0], documents[1], None if ids is None else ids, encoding=encoding, codec=codec)
+            else:
+                other = Corpus.from_list(documents, ids, encoding=encoding, codec=codec)
         if ids is None and not isinstance(documents, Corpus) and isinstance(self.ids, np.ndarray):
             start = int(self.ids.max()) + 1 if len(self.ids) else 0
             other.ids = np.arange(start, start + len(other), dtype=np.int64)
         if other.dim != self.dim:
             raise ValueError(f"maxsim: cannot append d={other.dim} documents to {self.name()} of d={self.dim}")
-        if other.is_quantized != self.is_quantized or (self.is_quantized and other.encoding != self.encoding):
+        if other.encoding != self.encoding and (self.is_quantized or self.is_compressed or other.is_quantized
+                                                or other.is_compressed):
+            hint = ("encode them with its codec: codec=corpus.codec" if self.is_compressed
+                    else f"build them with encoding={self.encoding!r}")
             raise TypeError(f"maxsim: cannot append {other.encoding} documents to {self.name()} of {self.encoding}: "
-                            f"build them with encoding={self.encoding!r}")
+                            f"{hint}")
+        if self.is_compressed and not _same_codec(self.codec, other.codec):
+            raise ValueError(f"maxsim: cannot append documents encoded with another codec to {self.name()}: encode "
+                             "them with its codec: codec=corpus.codec")
         if other.dtype != self.dtype:
             raise TypeError(f"maxsim: cannot append {other.dtype} documents to {self.name()} of {self.dtype}")
         self.ids = _join_ids(self.ids, other.ids)
         first = len(self)
         for s in other._segments:
-            scales = None if s.scales is None else s.scales.to(self.device)
-            self._segments.append(CorpusSegment(s.embeddings.to(self.device), s.offsets, first, False, scales))
+            self._segments.append(s.with_parts([t.to(self.device) for t in s.parts()], first_document=first,
+                                               mapped=False))
             first += s.num_documents
         return self
 
@@ -394,15 +627,15 @@ class Corpus:
                 continue
             ja, jb = a - s.first_document, b - s.first_document
             t0, t1 = int(s.offsets[ja]), int(s.offsets[jb])
-            scales = None if s.scales is None else s.scales[t0:t1]
-            segments.append(CorpusSegment(s.embeddings[t0:t1], s.offsets[ja:jb + 1] - t0, first, s.mapped, scales))
+            segments.append(s.with_parts([t[t0:t1] for t in s.parts()], offsets=s.offsets[ja:jb + 1] - t0,
+                                         first_document=first))
             first += jb - ja
         if not segments:  # an empty shard keeps d, encoding and device
             s = self._segments[0]
-            segments = [CorpusSegment(s.embeddings[:0], np.zeros(1, dtype=np.int64), 0, s.mapped,
-                                      None if s.scales is None else s.scales[:0])]
+            segments = [s.with_parts([t[:0] for t in s.parts()], offsets=np.zeros(1, dtype=np.int64),
+                                     first_document=0)]
         ids = self.ids[lo:hi]
-        out = Corpus._from_segments(segments, ids, self.path)
+        out = Corpus._from_segments(segments, ids, self.path, self.codec)
         out.base_index = self.base_index + lo
         out.shard_info = shard_info
         return out
@@ -410,25 +643,29 @@ class Corpus:
     # -- files --------------------------------------------------------------------------------
 
     def _stored(self):
-        """(embeddings as numpy in the stored dtype, lengths, ids, scales as numpy or None) over all
-        segments."""
-        emb = self.embeddings.detach().cpu().contiguous()
+        """(embeddings or codes as numpy in the stored dtype, lengths, ids, scales as numpy or
+        None, residuals as numpy or None) over all segments."""
+        emb = self._joined("embeddings").detach().cpu().contiguous()
         if emb.dtype in (torch.bfloat16, torch.float8_e4m3fn):  # numpy has neither: store the bits
             array = emb.view(torch.uint16 if emb.dtype == torch.bfloat16 else torch.uint8).numpy()
         else:
             array = emb.numpy()
         scales = None if not self.is_quantized else self.scales.detach().cpu().float().contiguous().numpy()
-        return array, np.diff(self.offsets), self.ids, scales
+        residuals = self.residuals
+        residuals = None if residuals is None else residuals.detach().cpu().contiguous().numpy()
+        return array, np.diff(self.offsets), self.ids, scales, residuals
 
     def save(self, path, *, append: bool = False, overwrite: bool = False) -> Path:
         """Write this corpus to the directory ``path`` (format.py). ``append``: add its documents
-        to the corpus already there (a new segment; its ids must be new; the same encoding).
-        ``overwrite``: replace an existing corpus. Every write is atomic: an interruption leaves
-        the previous corpus."""
-        array, lengths, ids, scales = self._stored()
-        dtype_name = corpus_format.QUANTIZED_ENCODINGS.get(self.encoding, self.encoding)
+        to the corpus already there (a new segment; its ids must be new; the same encoding, and
+        for a residual / PQ corpus the same codec: build the documents with
+        ``codec=Corpus.load(path).codec``). ``overwrite``: replace an existing corpus. Every
+        write is atomic: an interruption leaves the previous corpus."""
+        array, lengths, ids, scales, residuals = self._stored()
+        dtype_name = corpus_format.stored_dtype(self.encoding)
+        tables = codec_tables(self.codec) if self.is_compressed else None
         corpus_format.write_corpus(path, array, lengths, ids, dtype_name, append=append, overwrite=overwrite,
-                                   encoding=self.encoding, scales=scales)
+                                   encoding=self.encoding, scales=scales, residuals=residuals, codec=tables)
         return Path(path)
 
     @classmethod
@@ -437,32 +674,42 @@ class Corpus:
         """Open a corpus directory. ``mmap``: map the embeddings (no read until searched);
         otherwise read them into host memory (pinned with ``pin_memory``) or onto ``device``.
         ``verify``: check every file's CRC-32 (one read of the corpus); sizes and headers are always
-        checked. Errors name the file."""
+        checked. Errors name the file. A residual / PQ corpus's codec is read into memory (on
+        ``device`` when given)."""
         path = Path(path)
         manifest, stored = corpus_format.open_corpus(path, mmap=mmap, verify=verify)
         encoding = corpus_format.manifest_encoding(manifest)
-        dtype = _QUANTIZED[encoding][1] if encoding in _QUANTIZED else _TORCH_DTYPES[encoding]
+        codec = None
+        if corpus_format.is_compressed(encoding):
+            codec = _codec_from_tables(encoding, corpus_format.read_codec(path, manifest, verify=verify))
+            dtype = _CODE_DTYPES[manifest["dtype"]]
+        else:
+            dtype = _QUANTIZED[encoding][1] if encoding in _QUANTIZED else _TORCH_DTYPES[encoding]
+        on_device = device is not None and torch.device(device).type != "cpu"
         segments, first, ids = [], 0, None
         for s in stored:
             parts = [torch.from_numpy(s.embeddings)]
             if dtype in (torch.bfloat16, torch.float8_e4m3fn):  # stored as their bits
                 parts[0] = parts[0].view(dtype)
-            if s.scales is not None:
-                parts.append(torch.from_numpy(s.scales))
+            scales = None if s.scales is None else torch.from_numpy(s.scales)
+            residuals = None if s.residuals is None else torch.from_numpy(s.residuals)
+            parts += [t for t in (scales, residuals) if t is not None]
             offsets = np.zeros(s.lengths.size + 1, dtype=np.int64)
             np.cumsum(s.lengths, out=offsets[1:])
             if not mmap and pin_memory:
                 parts = [t.pin_memory() for t in parts]
-            if device is not None and torch.device(device).type != "cpu":
+            if on_device:
                 parts = [t.to(device) for t in parts]
-            emb, scales = parts[0], (parts[1] if len(parts) > 1 else None)
-            mapped = mmap and (device is None or torch.device(device).type == "cpu")
-            segments.append(CorpusSegment(emb, offsets, first, mapped, scales))
+            mapped = mmap and not on_device
+            template = CorpusSegment(parts[0], offsets, first, mapped, scales, residuals)
+            segments.append(template.with_parts(parts))
             first += s.lengths.size
             ids = s.ids if ids is None else _join_ids(ids, s.ids)
         if not segments:
             raise corpus_format.CorpusFormatError(f"maxsim: corpus {path} has no segments")
-        return cls._from_segments(segments, ids, path)
+        if on_device:
+            codec = _codec_to(codec, torch.device(device))
+        return cls._from_segments(segments, ids, path, codec)
 
     # -- search -------------------------------------------------------------------------------
 
@@ -480,12 +727,15 @@ class Corpus:
 
         Args:
             Q: queries ``[Nq, Lq, d]`` (with ``q_mask``), ``[Lq, d]``, or a list of ``[L_i, d]``;
-                the corpus's d and dtype (an int8 / fp8 corpus: float16, bfloat16 or float32, its
-                tokens scored as ``maxsim_quantized_varlen`` scores them).
+                the corpus's d and dtype (an int8 / fp8 / residual / PQ corpus: float16, bfloat16
+                or float32, its tokens scored as ``maxsim_quantized_varlen``,
+                ``maxsim_residual_varlen`` or ``maxsim_pq_varlen`` score them).
             batch_size: queries scored together against each resident chunk (default: as many as
                 the memory budget allows; all of them when it can).
             gpu_memory: bytes the search may use on the device: chunk buffers, scores, top-k state
-                (default: a quarter of the free GPU memory; 1 GiB on the CPU).
+                (default: a quarter of the free GPU memory; 1 GiB on the CPU). The residual and PQ
+                scorers' own bounded scratch (decoded tiles, look-up tables; tens of MB) comes on
+                top.
             progress: a tqdm bar over the documents: None = when stderr is a terminal and tqdm is
                 installed; False = never.
             device: where to score (default: the corpus's GPU, else the queries', else CUDA when

@@ -1,12 +1,21 @@
 """The corpus file format: a directory of ``.npy`` files and a small JSON manifest.
 
-Layout (format version 1; version 2 adds the one-byte encodings)::
+Layout (format version 1; version 2 adds the one-byte encodings, version 3 the residual and PQ
+encodings)::
 
     corpus/
       manifest.json                       the commit point: what is listed here is the corpus
+      codec-<tag>.centroids.npy           [C, d] fp16 / fp32 centroids        (residual corpora only,
+      codec-<tag>.bucket_weights.npy      [2**nbits] fp32                       one set a corpus)
+      codec-<tag>.bucket_cutoffs.npy      [2**nbits - 1] fp32 (when the codec has them)
+      codec-<tag>.avg_residual.npy        fp32 (when the codec has it; kept, unused)
+      codec-<tag>.codebooks.npy           [m, 256, d / m] fp32                (PQ corpora only)
       seg-00000-<tag>.emb.npy             [t, d] token embeddings of segment 0 (C order)
-      seg-00000-<tag>.len.npy             [n] int64 token count of each document
       seg-00000-<tag>.scl.npy             [t] fp32 scale of each token (int8 / fp8 corpora only)
+      seg-00000-<tag>.codes.npy           [t] int32 centroid ids (residual) or [t, m] uint8 (PQ),
+                                          in place of .emb.npy
+      seg-00000-<tag>.res.npy             [t, d * nbits / 8] uint8 packed residuals (residual only)
+      seg-00000-<tag>.len.npy             [n] int64 token count of each document
       seg-00000-<tag>.ids.npy | .ids.json [n] int64 ids, or a JSON list of n strings
       seg-00001-<tag>....                 one segment per save/append
 
@@ -15,13 +24,23 @@ Layout (format version 1; version 2 adds the one-byte encodings)::
                      "num_tokens": T, "segments": [{"num_documents": n, "num_tokens": t,
                                    "files": {"embeddings": {"name", "bytes", "crc32"},
                                              "lengths": {...}, "ids": {...}}}]}
+    version 3 (residual / PQ) adds  "codec": {"kind": "residual", "nbits": 2, "num_centroids": C,
+                                              "files": {"centroids": {...}, "bucket_weights": {...},
+                                                        ...}}
+                                or  "codec": {"kind": "pq", "m": m, "files": {"codebooks": {...}}}
+                    and its segments list "codes" (and "residuals") in place of "embeddings".
 
 Encodings: "float16" / "bfloat16" / "float32" store the embeddings as they are (version 1; a
 manifest without "encoding", as the first version-1 writers left it, means its "dtype"). "int8" /
 "fp8" (version 2, so that an older maxsim refuses them by version rather than misreading them)
 store per-token quantised values (``maxsim.compressed.quantized.quantize_tokens``): "dtype" is
 "int8" or "float8_e4m3fn", and each segment adds a "scales" file, ``[t]`` fp32. NumPy has no
-float8: fp8 values are stored as their uint8 bits.
+float8: fp8 values are stored as their uint8 bits. "residual<nbits>" (nbits 1, 2, 4 or 8;
+"residual2" and "residual4" are the documented ones) and "pq<m>" (version 3) store PLAID residual
+codes (``maxsim.compressed.ResidualCodec``: a centroid id and d * nbits / 8 bytes a token; "dtype"
+"int32", the codes') or product-quantisation codes (``maxsim.compressed.ProductQuantizer``: m
+bytes a token; "dtype" "uint8"); their codec's tables are stored once per corpus, as checked files
+listed under the manifest's "codec", and every segment is encoded with that codec.
 
 Why ``.npy`` (not safetensors): ``numpy.load(mmap_mode=...)`` maps the file with no copy and no
 extra dependency (numpy is already one of maxsim's); a header of a few dozen bytes, padded to a
@@ -31,11 +50,13 @@ whole in-memory tensors. NumPy has no bfloat16: bf16 embeddings are stored as th
 the manifest's ``dtype`` says "bfloat16".
 
 Safety:
-- Every file's exact size and CRC-32 are in the manifest. Opening checks every size and header
-  (a truncated or extended file is an error naming it); ``verify=True`` also checks every CRC (one
-  sequential read of the corpus), so a corrupted byte is an error, never a wrong answer.
+- Every file's exact size and CRC-32 are in the manifest (segment and codec files alike). Opening
+  checks every size and header (a truncated or extended file is an error naming it);
+  ``verify=True`` also checks every CRC (one sequential read of the corpus), so a corrupted byte
+  is an error, never a wrong answer.
 - A manifest of a newer format version is refused with an error naming the file.
-- Writes are atomic: segment files are written under a temporary name, fsynced and renamed; then
+- Writes are atomic: codec and segment files are written under a temporary name, fsynced and
+  renamed to names with a fresh random tag (never over a file the current manifest lists); then
   the manifest is written to a temporary name, fsynced and renamed over the old one (and the
   directory fsynced). An interrupted save or append leaves the previous manifest, hence the
   previous corpus, intact; the orphaned files it may leave are removed by the next write.
@@ -54,17 +75,28 @@ from pathlib import Path
 import numpy as np
 
 FORMAT_NAME = "maxsim-corpus"
-# The newest version this code reads; float corpora are still written as version 1.
-FORMAT_VERSION = 2
+# The newest version this code reads; float corpora are still written as version 1, int8 / fp8 as
+# version 2, residual / PQ as version 3 (format_version).
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 _CRC_BLOCK = 16 << 20
 # dtype names of the manifest -> the numpy dtype the .npy file holds.
 STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16, "int8": np.int8,
-                 "float8_e4m3fn": np.uint8}
+                 "float8_e4m3fn": np.uint8, "int32": np.int32, "uint8": np.uint8}
 FLOAT_ENCODINGS = ("float16", "bfloat16", "float32")
 # one-byte encodings -> the manifest's dtype of their values
 QUANTIZED_ENCODINGS = {"int8": "int8", "fp8": "float8_e4m3fn"}
-ENCODINGS = FLOAT_ENCODINGS + tuple(QUANTIZED_ENCODINGS)
+# residual encodings -> nbits ("residual1" and "residual8" are read and written too: colbert-ai and
+# fast-plaid indexes of those widths; the documented choices are 2 and 4 bits)
+RESIDUAL_ENCODINGS = {"residual1": 1, "residual2": 2, "residual4": 4, "residual8": 8}
+# The documented encodings (the index command's --encoding choices): any "pq<m>" with m dividing d
+# is one too (pq32 stands for the family), and residual1 / residual8 are accepted.
+ENCODINGS = FLOAT_ENCODINGS + tuple(QUANTIZED_ENCODINGS) + ("residual2", "residual4", "pq32")
+# The codec tables a residual / PQ corpus stores: (name, required).
+RESIDUAL_CODEC_FILES = (("centroids", True), ("bucket_weights", True), ("bucket_cutoffs", False),
+                        ("avg_residual", False))
+PQ_CODEC_FILES = (("codebooks", True),)
+PQ_CENTROIDS = 256
 
 
 class CorpusFormatError(ValueError):
@@ -74,17 +106,54 @@ class CorpusFormatError(ValueError):
 @dataclass
 class Segment:
     """One segment as read from disk: ``embeddings [t, d]`` (numpy, maybe memory-mapped, bf16 as
-    uint16, fp8 as uint8), ``lengths [n]`` int64, ``ids`` (int64 numpy array or list of str),
-    ``scales [t]`` fp32 (maybe memory-mapped) for an int8 / fp8 corpus, else None."""
+    uint16, fp8 as uint8; for a residual / PQ corpus its codes, ``[t]`` int32 / ``[t, m]`` uint8),
+    ``lengths [n]`` int64, ``ids`` (int64 numpy array or list of str), ``scales [t]`` fp32 (maybe
+    memory-mapped) for an int8 / fp8 corpus, else None; ``residuals [t, d * nbits / 8]`` uint8 for
+    a residual corpus, else None."""
 
     embeddings: np.ndarray
     lengths: np.ndarray
     ids: object
     scales: np.ndarray | None = None
+    residuals: np.ndarray | None = None
+
+
+def pq_subspaces(encoding) -> int | None:
+    """m of a "pq<m>" encoding name (m >= 1, no leading zero); None for any other name."""
+    if not isinstance(encoding, str) or not encoding.startswith("pq") or not encoding[2:].isdigit():
+        return None
+    digits = encoding[2:]
+    if not digits.isascii() or digits.startswith("0"):
+        return None
+    return int(digits)
+
+
+def is_encoding(encoding) -> bool:
+    """Whether ``encoding`` names an encoding: ENCODINGS, residual1 / residual8, or any "pq<m>"."""
+    return isinstance(encoding, str) and (encoding in FLOAT_ENCODINGS or encoding in QUANTIZED_ENCODINGS
+                                          or encoding in RESIDUAL_ENCODINGS or pq_subspaces(encoding) is not None)
+
+
+def is_compressed(encoding: str) -> bool:
+    """A residual or PQ encoding: codes plus a corpus-level codec."""
+    return encoding in RESIDUAL_ENCODINGS or pq_subspaces(encoding) is not None
+
+
+def stored_dtype(encoding: str) -> str:
+    """The manifest's "dtype" of an encoding: the stored embeddings', values' or codes' dtype."""
+    if encoding in QUANTIZED_ENCODINGS:
+        return QUANTIZED_ENCODINGS[encoding]
+    if encoding in RESIDUAL_ENCODINGS:
+        return "int32"
+    if pq_subspaces(encoding) is not None:
+        return "uint8"
+    return encoding
 
 
 def format_version(encoding: str) -> int:
     """The version a corpus of ``encoding`` is written as: the oldest that can hold it."""
+    if is_compressed(encoding):
+        return 3
     return 2 if encoding in QUANTIZED_ENCODINGS else 1
 
 
@@ -171,11 +240,35 @@ def read_manifest(directory) -> dict:
     if manifest["dtype"] not in STORED_DTYPES:
         raise CorpusFormatError(f"maxsim: corpus manifest {path} has an unknown dtype {manifest['dtype']!r}")
     encoding = manifest_encoding(manifest)
-    expected_dtype = QUANTIZED_ENCODINGS.get(encoding, encoding)
-    if encoding not in ENCODINGS or manifest["dtype"] != expected_dtype or version < format_version(encoding):
+    if not is_encoding(encoding) or manifest["dtype"] != stored_dtype(encoding) or version < format_version(encoding):
         raise CorpusFormatError(f"maxsim: corpus manifest {path} has an inconsistent encoding {encoding!r} "
                                 f"(dtype {manifest['dtype']!r}, version {version})")
+    if is_compressed(encoding):
+        _check_codec_entry(path, manifest, encoding)
     return manifest
+
+
+def _check_codec_entry(path: Path, manifest: dict, encoding: str) -> None:
+    """The "codec" entry of a residual / PQ manifest: its kind, parameters and files."""
+    codec, dim = manifest.get("codec"), manifest["dim"]
+    if not isinstance(codec, dict) or not isinstance(codec.get("files"), dict):
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} of {encoding} codes lists no codec")
+    m = pq_subspaces(encoding)
+    if m is None:
+        nbits, count = codec.get("nbits"), codec.get("num_centroids")
+        if (codec.get("kind") != "residual" or nbits != RESIDUAL_ENCODINGS[encoding] or not isinstance(count, int)
+                or count < 1 or not isinstance(dim, int) or dim % 8):
+            raise CorpusFormatError(f"maxsim: corpus manifest {path} has a codec entry that does not fit its "
+                                    f"{encoding} codes of d={dim}")
+        names = RESIDUAL_CODEC_FILES
+    else:
+        if codec.get("kind") != "pq" or codec.get("m") != m or not isinstance(dim, int) or dim % m:
+            raise CorpusFormatError(f"maxsim: corpus manifest {path} has a codec entry that does not fit its "
+                                    f"{encoding} codes of d={dim}")
+        names = PQ_CODEC_FILES
+    for name, required in names:
+        if required and name not in codec["files"]:
+            raise CorpusFormatError(f"maxsim: corpus manifest {path} lists no {name} file for its {encoding} codec")
 
 
 def _check_file(directory: Path, entry: dict, verify: bool) -> Path:
@@ -204,27 +297,78 @@ def _load_npy(path: Path, mmap: bool, dtype, shape) -> np.ndarray:
     return array
 
 
+def read_codec(directory, manifest: dict, *, verify: bool = True) -> dict[str, np.ndarray] | None:
+    """The codec tables of a checked residual / PQ manifest -> ``{name: array}`` (read into memory,
+    sizes, headers and shapes checked; CRCs with ``verify``); None for other encodings."""
+    directory = Path(directory)
+    encoding = manifest_encoding(manifest)
+    if not is_compressed(encoding):
+        return None
+    entry, dim = manifest["codec"], manifest["dim"]
+    m = pq_subspaces(encoding)
+    if m is None:
+        nbits, count = entry["nbits"], entry["num_centroids"]
+        shapes = {"centroids": (count, dim), "bucket_weights": (1 << nbits,), "bucket_cutoffs": ((1 << nbits) - 1,),
+                  "avg_residual": None}
+        dtypes = {"centroids": (np.float16, np.float32)}
+    else:
+        shapes, dtypes = {"codebooks": (m, PQ_CENTROIDS, dim // m)}, {}
+    tables = {}
+    for name, file in entry["files"].items():
+        if name not in shapes:
+            raise CorpusFormatError(f"maxsim: corpus manifest {directory / MANIFEST} lists an unknown codec "
+                                    f"file {name!r}")
+        path = _check_file(directory, file, verify)
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:
+            raise CorpusFormatError(f"maxsim: corpus file {path} cannot be read as .npy: {err}") from None
+        allowed = dtypes.get(name, (np.float32,))
+        shape = shapes[name]
+        if array.dtype not in [np.dtype(t) for t in allowed] or (shape is not None and tuple(array.shape) != shape):
+            want = " or ".join(str(np.dtype(t)) for t in allowed)
+            raise CorpusFormatError(f"maxsim: corpus file {path} holds {array.dtype} {list(array.shape)}; the "
+                                    f"manifest says {want} {list(shape) if shape is not None else '[...]'}")
+        tables[name] = array
+    return tables
+
+
 def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[dict, list[Segment]]:
-    """Check and open every segment of a corpus directory -> ``(manifest, segments)``."""
+    """Check and open every segment of a corpus directory -> ``(manifest, segments)`` (a residual /
+    PQ corpus's codec: :func:`read_codec`)."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     dim, stored = manifest["dim"], STORED_DTYPES[manifest["dtype"]]
-    quantized = manifest_encoding(manifest) in QUANTIZED_ENCODINGS
+    encoding = manifest_encoding(manifest)
+    quantized = encoding in QUANTIZED_ENCODINGS
+    residual = encoding in RESIDUAL_ENCODINGS
+    m = pq_subspaces(encoding)
+    if residual:
+        main, shape_of = "codes", (lambda t: (t,))
+    elif m is not None:
+        main, shape_of = "codes", (lambda t: (t, m))
+    else:
+        main, shape_of = "embeddings", (lambda t: (t, dim))
     segments = []
     total_docs = total_tokens = 0
     for number, entry in enumerate(manifest["segments"]):
         files = entry["files"]
         n, t = entry["num_documents"], entry["num_tokens"]
-        if quantized and "scales" not in files:
-            raise CorpusFormatError(f"maxsim: corpus manifest {directory / MANIFEST} lists no scales file for "
-                                    f"segment {number} of its {manifest_encoding(manifest)} tokens")
-        emb_path = _check_file(directory, files["embeddings"], verify)
+        needed = [main, "lengths", "ids"] + (["scales"] if quantized else []) + (["residuals"] if residual else [])
+        for key in needed:
+            if key not in files:
+                raise CorpusFormatError(f"maxsim: corpus manifest {directory / MANIFEST} lists no {key} file for "
+                                        f"segment {number} of its {encoding} tokens")
+        emb_path = _check_file(directory, files[main], verify)
         len_path = _check_file(directory, files["lengths"], verify)
         ids_path = _check_file(directory, files["ids"], verify)
-        embeddings = _load_npy(emb_path, mmap, stored, (t, dim))
-        scales = None
+        embeddings = _load_npy(emb_path, mmap, stored, shape_of(t))
+        scales = residuals = None
         if quantized:
             scales = _load_npy(_check_file(directory, files["scales"], verify), mmap, np.float32, (t,))
+        if residual:
+            packed = dim * RESIDUAL_ENCODINGS[encoding] // 8
+            residuals = _load_npy(_check_file(directory, files["residuals"], verify), mmap, np.uint8, (t, packed))
         lengths = _load_npy(len_path, False, np.int64, (n,))
         if (lengths < 0).any() or int(lengths.sum()) != t:
             raise CorpusFormatError(f"maxsim: corpus file {len_path} does not add up to the {t} tokens of {emb_path.name}")
@@ -237,7 +381,7 @@ def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[d
                 raise CorpusFormatError(f"maxsim: corpus file {ids_path} must hold {n} string ids")
         else:
             ids = _load_npy(ids_path, False, np.int64, (n,))
-        segments.append(Segment(embeddings, lengths, ids, scales))
+        segments.append(Segment(embeddings, lengths, ids, scales, residuals))
         total_docs += n
         total_tokens += t
     if total_docs != manifest["num_documents"] or total_tokens != manifest["num_tokens"]:
@@ -245,25 +389,40 @@ def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[d
     return manifest, segments
 
 
-def _remove_orphans(directory: Path, manifest: dict) -> None:
-    """Delete segment files (and temporaries) that the manifest does not list."""
+def _listed(manifest: dict) -> set:
     listed = {f["name"] for s in manifest["segments"] for f in s["files"].values()}
+    codec = manifest.get("codec")
+    if isinstance(codec, dict):
+        listed.update(f["name"] for f in codec.get("files", {}).values())
+    return listed
+
+
+def _remove_orphans(directory: Path, manifest: dict) -> None:
+    """Delete segment and codec files (and temporaries) that the manifest does not list."""
+    listed = _listed(manifest)
     for path in directory.iterdir():
-        if path.name.startswith("seg-") and path.name not in listed:
+        if path.name.startswith(("seg-", "codec-")) and path.name not in listed:
             path.unlink(missing_ok=True)
         elif path.name.startswith(MANIFEST) and path.name != MANIFEST:
             path.unlink(missing_ok=True)
 
 
 def _write_segment(directory: Path, number: int, embeddings: np.ndarray, lengths: np.ndarray, ids,
-                   scales: np.ndarray | None = None) -> dict:
+                   scales: np.ndarray | None = None, residuals: np.ndarray | None = None,
+                   coded: bool = False) -> dict:
     tag = secrets.token_hex(4)
     stem = f"seg-{number:05d}-{tag}"
-    emb_path = directory / f"{stem}.emb.npy"
+    main = "codes" if coded else "embeddings"
+    emb_path = directory / f"{stem}.{'codes' if coded else 'emb'}.npy"
     len_path = directory / f"{stem}.len.npy"
     _write_array(emb_path, embeddings)
+    files = {main: _describe(emb_path)}
+    if residuals is not None:
+        res_path = directory / f"{stem}.res.npy"
+        _write_array(res_path, np.asarray(residuals, dtype=np.uint8))
+        files["residuals"] = _describe(res_path)
     _write_array(len_path, np.asarray(lengths, dtype=np.int64))
-    files = {"embeddings": _describe(emb_path), "lengths": _describe(len_path)}
+    files["lengths"] = _describe(len_path)
     if scales is not None:
         scl_path = directory / f"{stem}.scl.npy"
         _write_array(scl_path, np.asarray(scales, dtype=np.float32))
@@ -278,35 +437,123 @@ def _write_segment(directory: Path, number: int, embeddings: np.ndarray, lengths
     return {"num_documents": int(len(lengths)), "num_tokens": int(embeddings.shape[0]), "files": files}
 
 
+def _codec_entry(encoding: str, tables: dict) -> dict:
+    """The manifest's "codec" entry of ``tables`` (without its files)."""
+    m = pq_subspaces(encoding)
+    if m is not None:
+        return {"kind": "pq", "m": m}
+    return {"kind": "residual", "nbits": RESIDUAL_ENCODINGS[encoding],
+            "num_centroids": int(tables["centroids"].shape[0])}
+
+
+def _check_tables(encoding: str, tables, dim: int) -> None:
+    """The codec tables given to write_corpus: the names and shapes its encoding stores."""
+    if not isinstance(tables, dict):
+        raise ValueError(f"maxsim: a {encoding} corpus needs its codec's tables")
+    names = PQ_CODEC_FILES if pq_subspaces(encoding) is not None else RESIDUAL_CODEC_FILES
+    known = {name for name, _ in names}
+    for name, required in names:
+        if required and name not in tables:
+            raise ValueError(f"maxsim: the {encoding} codec's tables lack {name!r}")
+    for name in tables:
+        if name not in known:
+            raise ValueError(f"maxsim: the {encoding} codec has no table {name!r}")
+    m = pq_subspaces(encoding)
+    if m is not None:
+        if dim % m or tuple(tables["codebooks"].shape) != (m, PQ_CENTROIDS, dim // m):
+            raise ValueError(f"maxsim: {encoding} codebooks must be [{m}, {PQ_CENTROIDS}, d / {m}] for d={dim}")
+    elif tables["centroids"].ndim != 2 or tables["centroids"].shape[1] != dim:
+        raise ValueError(f"maxsim: {encoding} centroids must be [C, {dim}]")
+
+
+def _write_codec(directory: Path, encoding: str, tables: dict) -> dict:
+    """Write the codec tables under a fresh tag -> the manifest's "codec" entry."""
+    tag = secrets.token_hex(4)
+    entry = _codec_entry(encoding, tables)
+    files = {}
+    for name, array in tables.items():
+        path = directory / f"codec-{tag}.{name}.npy"
+        _write_array(path, np.asarray(array))
+        files[name] = _describe(path)
+    entry["files"] = files
+    return entry
+
+
+def _same_codec(stored: dict, given: dict) -> bool:
+    """The tables decoding reads (centroids and bucket weights, or codebooks) are equal, dtype and
+    bits."""
+    for name in ("centroids", "bucket_weights", "codebooks"):
+        if (name in stored) != (name in given):
+            return False
+        if name in stored:
+            a, b = stored[name], np.asarray(given[name])
+            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+                return False
+    return True
+
+
 def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dtype_name: str, *,
                  append: bool = False, overwrite: bool = False, encoding: str | None = None,
-                 scales: np.ndarray | None = None) -> dict:
+                 scales: np.ndarray | None = None, residuals: np.ndarray | None = None,
+                 codec: dict | None = None) -> dict:
     """Write one segment and commit it -> the new manifest.
 
     ``embeddings [t, d]`` in the stored numpy dtype (bf16 as uint16, fp8 as uint8), ``lengths
     [n]``, ``ids`` an int64 array or list of n str. ``encoding`` (default ``dtype_name``): "int8"
-    and "fp8" also take ``scales [t]`` fp32. ``append``: add to the corpus at ``directory`` (same
-    d, encoding and id type; ids must stay unique). Otherwise a new corpus; an existing one is
-    replaced only with ``overwrite`` (its files are deleted after the new manifest is committed).
+    and "fp8" also take ``scales [t]`` fp32. A residual / PQ encoding takes its codes as
+    ``embeddings`` (``[t]`` int32 / ``[t, m]`` uint8), ``residuals [t, d * nbits / 8]`` uint8
+    (residual), and ``codec``: its tables ``{name: array}`` (residual: centroids [C, d] fp16 / fp32,
+    bucket_weights, optionally bucket_cutoffs and avg_residual, fp32; PQ: codebooks [m, 256, d / m]
+    fp32), written once per corpus; an append must bring the corpus's codec. ``append``: add to the
+    corpus at ``directory`` (same d, encoding, codec and id type; ids must stay unique). Otherwise
+    a new corpus; an existing one is replaced only with ``overwrite`` (its files are deleted after
+    the new manifest is committed).
     """
     directory = Path(directory)
     encoding = dtype_name if encoding is None else encoding
-    if encoding not in ENCODINGS or QUANTIZED_ENCODINGS.get(encoding, encoding) != dtype_name:
+    if not is_encoding(encoding) or stored_dtype(encoding) != dtype_name:
         raise ValueError(f"maxsim: encoding {encoding!r} does not hold {dtype_name} embeddings")
     if (scales is not None) != (encoding in QUANTIZED_ENCODINGS):
         raise ValueError(f"maxsim: a {encoding} corpus {'needs' if scales is None else 'takes no'} per-token scales")
+    if (residuals is not None) != (encoding in RESIDUAL_ENCODINGS):
+        raise ValueError(f"maxsim: a {encoding} corpus {'needs' if residuals is None else 'takes no'} residuals")
+    compressed = is_compressed(encoding)
+    if (codec is not None) != compressed:
+        raise ValueError(f"maxsim: a {encoding} corpus {'needs' if codec is None else 'takes no'} codec tables")
     id_type = "int" if isinstance(ids, np.ndarray) else "str"
-    dim = int(embeddings.shape[1])
+    if compressed:
+        dim = int(codec["codebooks"].shape[0] * codec["codebooks"].shape[2]) if "codebooks" in codec \
+            else int(codec["centroids"].shape[1])
+        _check_tables(encoding, codec, dim)
+        m = pq_subspaces(encoding)
+        want = (embeddings.shape[0],) if m is None else (embeddings.shape[0], m)
+        if embeddings.dtype != np.dtype(STORED_DTYPES[dtype_name]) or tuple(embeddings.shape) != want:
+            raise ValueError(f"maxsim: {encoding} codes must be {np.dtype(STORED_DTYPES[dtype_name])} {list(want)}; "
+                             f"got {embeddings.dtype} {list(embeddings.shape)}")
+        packed = None if m is not None else dim * RESIDUAL_ENCODINGS[encoding] // 8
+        if residuals is not None and tuple(residuals.shape) != (embeddings.shape[0], packed):
+            raise ValueError(f"maxsim: {encoding} residuals must be [{embeddings.shape[0]}, {packed}]; "
+                             f"got {list(residuals.shape)}")
+    else:
+        dim = int(embeddings.shape[1])
     exists = (directory / MANIFEST).is_file()
     if append and exists:
         manifest, segments = open_corpus(directory, mmap=True, verify=False)
         where = directory / MANIFEST
+        stored = manifest_encoding(manifest)
         if manifest["dim"] != dim:
             raise ValueError(f"maxsim: cannot append d={dim} embeddings to corpus {where} of d={manifest['dim']}")
-        if manifest_encoding(manifest) != encoding:
+        if stored != encoding:
+            if is_compressed(stored):
+                raise TypeError(f"maxsim: cannot append {encoding} embeddings to corpus {where} of {stored}: encode "
+                                f"the documents with its codec: Corpus.from_list(docs, ids, "
+                                f"codec=Corpus.load({str(directory)!r}).codec)")
             raise TypeError(f"maxsim: cannot append {encoding} embeddings to corpus {where} of "
-                            f"{manifest_encoding(manifest)}: build the documents with "
-                            f"encoding={manifest_encoding(manifest)!r}")
+                            f"{stored}: build the documents with encoding={stored!r}")
+        if compressed and not _same_codec(read_codec(directory, manifest, verify=True), codec):
+            raise ValueError(f"maxsim: cannot append {encoding} codes of another codec to corpus {where}: encode "
+                             f"the documents with its codec: Corpus.from_list(docs, ids, "
+                             f"codec=Corpus.load({str(directory)!r}).codec)")
         if manifest["id_type"] != id_type:
             raise TypeError(f"maxsim: cannot append {id_type} ids to corpus {where} of {manifest['id_type']} ids")
         old_ids = set()
@@ -324,15 +571,18 @@ def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dt
         if directory.exists() and not directory.is_dir():
             raise FileExistsError(f"maxsim: {directory} exists and is not a directory")
         if directory.is_dir() and not exists:
-            strangers = [p.name for p in directory.iterdir() if not p.name.startswith(("seg-", MANIFEST))]
+            strangers = [p.name for p in directory.iterdir() if not p.name.startswith(("seg-", "codec-", MANIFEST))]
             if strangers:
                 raise FileExistsError(f"maxsim: {directory} is not empty and not a corpus ({strangers[0]}, ...)")
         directory.mkdir(parents=True, exist_ok=True)
-        manifest = {"format": FORMAT_NAME, "version": format_version(encoding), "dim": dim, "dtype": dtype_name,
-                    "encoding": encoding, "id_type": id_type, "num_documents": 0, "num_tokens": 0, "segments": []}
+        manifest = {"format": FORMAT_NAME, "version": format_version(encoding), "dim": dim,
+                    "dtype": dtype_name, "encoding": encoding, "id_type": id_type, "num_documents": 0,
+                    "num_tokens": 0, "segments": []}
         old = read_manifest(directory) if exists else None
         number = (len(old["segments"]) if old else 0)
-    segment = _write_segment(directory, number, embeddings, lengths, ids, scales)
+        if compressed:  # before the segment and the manifest, under its own tag: never over the old corpus's
+            manifest["codec"] = _write_codec(directory, encoding, codec)
+    segment = _write_segment(directory, number, embeddings, lengths, ids, scales, residuals, coded=compressed)
     manifest = dict(manifest)
     manifest["encoding"] = encoding
     manifest["segments"] = list(manifest["segments"]) + [segment]

@@ -14,7 +14,12 @@ chunks in flight, which bounds the GPU memory and makes the progress bar and Ctr
 CPU (or for a corpus already on the device) the same loop runs on views, without streams.
 
 An int8 / fp8 corpus streams its one-byte values and fp32 scales together (d + 4 bytes a token)
-and each chunk is scored by ``maxsim.compressed.quantized.maxsim_quantized_varlen``.
+and each chunk is scored by ``maxsim.compressed.quantized.maxsim_quantized_varlen``. A residual
+corpus streams its codes and packed residuals together (d * nbits / 8 + 4 bytes a token), each
+chunk scored by ``maxsim.compressed.maxsim_residual_varlen`` (decoded on chip by the stream kernel
+on CUDA, a bounded chunk at a time elsewhere); a PQ corpus streams its codes (m bytes a token),
+each chunk scored by ``maxsim.compressed.maxsim_pq_varlen``. Their codec is moved to the scoring
+device once per search.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+import maxsim
 from maxsim._progress import progress_bar
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
                                 packed_queries, score_packed_chunk, score_quantized_chunk)
@@ -124,10 +130,11 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         Q = torch.from_numpy(Q)
     q, cu_q, cu_q_host, max_q = packed_queries(Q, q_mask)
     quantized = corpus.is_quantized
-    if quantized and q.dtype not in _QUERY_DTYPES:
+    compressed = corpus.is_compressed
+    if (quantized or compressed) and q.dtype not in _QUERY_DTYPES:
         raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} of {corpus.encoding} tokens takes "
                         "float16, bfloat16 or float32 queries")
-    if not quantized and q.dtype != corpus.dtype:
+    if not (quantized or compressed) and q.dtype != corpus.dtype:
         raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} holds {corpus.dtype}")
     if q.shape[1] != corpus.dim:
         raise ValueError(f"maxsim: the queries have d={q.shape[1]} but {corpus.name()} has d={corpus.dim}")
@@ -138,8 +145,12 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
 
     streamed = device.type == "cuda" and corpus.device.type == "cpu"
     budget = int(gpu_memory) if gpu_memory is not None else default_budget(device)
-    # bytes a token takes in a chunk buffer: its embedding, or its one-byte values and fp32 scale
-    token_bytes = corpus.dim * (1 if quantized else corpus.dtype.itemsize) + (4 if quantized else 0)
+    # bytes a token takes in a chunk buffer: its embedding, its one-byte values and fp32 scale, or its codes
+    # (and residual bytes)
+    token_bytes = corpus.bytes_per_token
+    codec = None
+    if compressed:  # once per search, not once per chunk
+        codec = corpus.codec if corpus.codec.device == device else corpus.codec.to(device)
     plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), token_bytes,
                  corpus.num_tokens / max(len(corpus), 1), streamed, batch_size)
     batches = []  # (q_batch, cu_batch, max_q of batch, queries of the batch as [L_i, d] views, RunningTopK)
@@ -148,8 +159,11 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         t0, t1 = int(cu_q_host[b0]), int(cu_q_host[b1])
         cu_b = torch.from_numpy(cu_q_host[b0:b1 + 1] - t0).to(device)
         max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
-        # maxsim_quantized_varlen takes queries as a list (it packs them itself)
+        # maxsim_quantized_varlen takes queries as a list (it packs them itself); the residual and PQ
+        # scorers take them padded, with a mask
         views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])] if quantized else None
+        if compressed:
+            views = _padded_queries(q[t0:t1], cu_b, max_b)
         batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
 
     # The work: (segment, start, stop) chunks of every segment.
@@ -160,10 +174,13 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     bar = progress_bar(progress, len(corpus), "maxsim search", "doc")
 
     def score(chunk, segment, start: int, stop: int, token_base: int) -> None:
-        """``chunk``: the segment's rows from ``token_base``, ``(embeddings,)`` or ``(values, scales)``."""
+        """``chunk``: the segment's rows from ``token_base``, ``(embeddings,)``, ``(values, scales)``,
+        ``(codes, residuals)`` or ``(codes,)``."""
         for q_b, cu_b, max_b, views, top in batches:
             if quantized:
                 scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base)
+            elif compressed:
+                scores = score_compressed_chunk(views, chunk, codec, segment.offsets, start, stop, token_base)
             else:
                 scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base)
             top.update(scores, corpus.base_index + segment.first_document + start)
@@ -198,6 +215,35 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     if squeeze:
         return scores[0], indices[0]
     return scores, indices
+
+
+def _padded_queries(q: torch.Tensor, cu: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A batch's packed queries ``q [t, d]`` (offsets ``cu``) -> ``(Q [n, longest, d], q_mask [n,
+    longest] or None when every token is real)``: the residual and PQ scorers' form."""
+    Q, mask = maxsim.packed_to_padded(q, cu, longest)
+    return Q, (None if bool(mask.all()) else mask)
+
+
+def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: int, stop: int,
+                           token_base: int = 0) -> torch.Tensor:
+    """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a residual or PQ corpus:
+    ``queries`` ``(Q [Nq, Lq, d], q_mask or None)``; ``chunk`` ``(codes [t], residuals [t, P])``
+    (residual) or ``(codes [t, m],)`` (PQ) whose rows ``cu_d_host[start] - token_base ...`` are the
+    chunk's tokens; ``codec`` the corpus's ResidualCodec / ProductQuantizer (on the scoring
+    device). ``maxsim_residual_varlen`` (normalised decode, as PLAID) or ``maxsim_pq_varlen``
+    scores them."""
+    from maxsim.compressed import ProductQuantizer, maxsim_pq_varlen, maxsim_residual_varlen
+
+    Q, q_mask = queries
+    t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
+    offsets = cu_d_host[start:stop + 1] - t0
+    cu = torch.from_numpy(offsets)  # [c + 1] on the host: the scorers check (and walk) them there
+    rows = slice(t0 - token_base, t1 - token_base)
+    if isinstance(codec, ProductQuantizer):
+        return maxsim_pq_varlen(Q, chunk[0][rows], cu, codec, q_mask=q_mask)  # [Nq, c]
+    max_d = int(np.diff(offsets).max()) if stop > start else 0
+    return maxsim_residual_varlen(Q, chunk[0][rows], chunk[1][rows], cu, codec, max_seqlen_d=max_d,
+                                  q_mask=q_mask)  # [Nq, c]
 
 
 def _is_pinned(segment) -> bool:

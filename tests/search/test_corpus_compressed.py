@@ -1,0 +1,505 @@
+"""Residual (PLAID) and PQ corpora: search equals the exhaustive top-k of decode-then-score, the
+codec is one per corpus (stored once, checked like a segment, never retrained on append), the
+file is format version 3, and the index command takes --encoding residual2 / pq<m>."""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from maxsim.compressed import ProductQuantizer, ResidualCodec
+from maxsim.search import Corpus
+from maxsim.search import format as corpus_format
+from maxsim.search.cli import add_index_parser, add_search_parser
+
+ENCODINGS = ["residual2", "residual4", "pq8"]
+D = 32
+
+
+def unit_docs(generator, n=200, d=D, longest=12):
+    lengths = torch.randint(1, longest, (n,), generator=generator).tolist()
+    docs = [F.normalize(torch.randn(L, d, generator=generator), dim=-1) for L in lengths]
+    docs[n // 3] = torch.zeros(0, d)  # an empty document scores 0
+    docs[7] = docs[3].clone()  # a tie
+    return docs
+
+
+def unit_queries(generator, lengths=(3, 1, 5, 2), d=D, dtype=torch.float32):
+    return [F.normalize(torch.randn(L, d, generator=generator), dim=-1).to(dtype) for L in lengths]
+
+
+def make_codec(encoding, docs, generator):
+    """A small codec, quickly: residual trained with 16 centroids; PQ codebooks drawn from the
+    tokens' sub-vectors (training PQ runs once, in its own test)."""
+    tokens = torch.cat(docs)
+    if encoding.startswith("residual"):
+        return ResidualCodec.train(tokens, int(encoding[len("residual"):]), num_centroids=16)
+    m, d = int(encoding[2:]), tokens.shape[1]
+    rows = torch.randint(0, tokens.shape[0], (m, 256), generator=generator)
+    sub = tokens.reshape(-1, m, d // m)  # [T, m, s]
+    return ProductQuantizer(sub[rows, torch.arange(m)[:, None]])  # [m, 256, s]
+
+
+def decoded(corpus, dtype=torch.float32):
+    """The oracle's documents: every token decoded by the codec (residual: in ``dtype``, normalised)."""
+    codec, codes = corpus.codec, corpus.codes
+    if isinstance(codec, ProductQuantizer):
+        tokens = codec.decode(codes)
+    else:
+        tokens = codec.decode(codes, corpus.residuals, dtype=dtype)
+    offsets = corpus.offsets
+    return [tokens[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def oracle_scores(queries, corpus, dtype=torch.float32):
+    """[Nq, Nd]: decode, then MaxSim by einsum over the padded decoded documents (padding never
+    wins; an empty document scores 0), on the corpus's device."""
+    docs = decoded(corpus, dtype)
+    longest = max(max(d.shape[0] for d in docs), 1)
+    padded = torch.zeros(len(docs), longest, docs[0].shape[1], device=docs[0].device)
+    real = torch.zeros(len(docs), longest, dtype=torch.bool, device=docs[0].device)
+    for j, d in enumerate(docs):
+        padded[j, : d.shape[0]], real[j, : d.shape[0]] = d.float(), True
+    rows = []
+    for q in queries:
+        sim = torch.einsum("id,njd->nij", q.float().to(padded.device), padded)
+        best = sim.masked_fill(~real[:, None, :], float("-inf")).amax(-1)  # [Nd, Lq]
+        rows.append(torch.where(real[:, :1], best, torch.zeros_like(best)).sum(-1))
+    return torch.stack(rows).cpu()
+
+
+def assert_topk(result, full, k, atol=1e-5):
+    """Ids equal to the oracle's top-k, ties (and scores within rounding) aside."""
+    want_scores, want_indices = torch.sort(full, stable=True, dim=-1, descending=True)
+    want_scores, want_indices = want_scores[:, :k], want_indices[:, :k]
+    torch.testing.assert_close(result.scores.float().cpu(), want_scores, rtol=0, atol=atol)
+    got = result.indices.cpu()
+    differ = got != want_indices
+    gap = (full.gather(1, got) - full.gather(1, want_indices))[differ]
+    assert bool((gap.abs() <= atol).all())
+
+
+def build(encoding, seed=0, n=200):
+    g = torch.Generator().manual_seed(seed)
+    docs = unit_docs(g, n)
+    codec = make_codec(encoding, docs, g)
+    return docs, codec, g
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_search_equals_decode_then_score(tmp_path, encoding):
+    docs, codec, g = build(encoding)
+    ids = [f"doc-{j}" for j in range(len(docs))]
+    corpus = Corpus.from_list(docs, ids=ids, codec=codec)
+    assert corpus.encoding == encoding and corpus.is_compressed and not corpus.is_quantized
+    assert corpus.codec is codec and encoding in repr(corpus)
+    if encoding.startswith("residual"):
+        nbits = int(encoding[-1])
+        assert corpus.codes.dtype == torch.int32 and corpus.codes.shape == (corpus.num_tokens,)
+        assert corpus.residuals.shape == (corpus.num_tokens, D * nbits // 8)
+        assert corpus.bytes_per_token == D * nbits // 8 + 4
+    else:
+        assert corpus.codes.dtype == torch.uint8 and corpus.codes.shape == (corpus.num_tokens, 8)
+        assert corpus.residuals is None and corpus.bytes_per_token == 8
+    queries = unit_queries(g)
+    full = oracle_scores(queries, corpus)
+    k = 20
+    # Whole corpus, then tiny budgets: many chunks and query batches merged into the running top-k.
+    for budget, batch in ((None, None), (6_000, None), (6_000, 1)):
+        result = corpus.search(queries, k, gpu_memory=budget, batch_size=batch, progress=False, device="cpu")
+        assert_topk(result, full, k)
+        assert result.ids == [[ids[j] for j in row] for row in result.indices.tolist()]
+    # padded queries with a mask: the same answer
+    Q = torch.zeros(len(queries), 5, D)
+    mask = torch.zeros(len(queries), 5, dtype=torch.bool)
+    for i, q in enumerate(queries):
+        Q[i, : q.shape[0]], mask[i, : q.shape[0]] = q, True
+    assert_topk(corpus.search(Q, k, q_mask=mask, progress=False, device="cpu"), full, k)
+
+    corpus.save(tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert manifest["version"] == 3 and manifest["encoding"] == encoding
+    assert manifest["dtype"] == ("int32" if encoding.startswith("residual") else "uint8")
+    for mmap in (True, False):
+        loaded = Corpus.load(tmp_path / "c", mmap=mmap)
+        assert loaded.encoding == encoding and loaded.is_mapped == mmap
+        assert torch.equal(loaded.codes, corpus.codes)
+        if encoding.startswith("residual"):
+            assert torch.equal(loaded.residuals, corpus.residuals)
+            assert torch.equal(loaded.codec.centroids, codec.centroids.float())
+            assert torch.equal(loaded.codec.bucket_weights, codec.bucket_weights.float())
+        else:
+            assert torch.equal(loaded.codec.codebooks, codec.codebooks)
+        assert_topk(loaded.search(queries, k, gpu_memory=6_000, progress=False, device="cpu"), full, k)
+        assert torch.equal(loaded.document(5), corpus.document(5))
+    copy = Corpus.load(tmp_path / "c").to("cpu")  # a mapped corpus read into memory
+    assert not copy.is_mapped and copy.codec.device.type == "cpu"
+    assert torch.equal(copy.codes, corpus.codes)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_documents_decode_queries_of_any_float_dtype_and_shards(encoding):
+    docs, codec, g = build(encoding, seed=1, n=60)
+    corpus = Corpus.from_list(docs, codec=codec)
+    tokens = docs[1]
+    if encoding.startswith("residual"):
+        codes, residuals = codec.encode(tokens)
+        want = codec.decode(codes, residuals, dtype=torch.float32)
+    else:
+        want = codec.decode(codec.encode(tokens))
+    assert corpus.document(1).dtype == torch.float32 and torch.equal(corpus.document(1), want)
+    assert corpus.document(len(docs) // 3).shape == (0, D)
+    for dtype in (torch.float16, torch.bfloat16):
+        queries = unit_queries(g, (3, 2), dtype=dtype)
+        result = corpus.search(queries, 5, progress=False, device="cpu")
+        # fp16 queries decode in fp16 (colbert-ai's GPU rounding): compare within its error
+        assert_topk(result, oracle_scores(queries, corpus), 5, atol=2e-2)
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32 queries"):
+        corpus.search([torch.ones(2, D, dtype=torch.float64)], 3)
+    with pytest.raises(ValueError, match=f"d=16 but the corpus has d={D}"):
+        corpus.search([torch.ones(2, 16)], 3)
+    with pytest.raises(TypeError, match="holds .* codes, not embeddings.*build a new corpus from the float tokens"):
+        _ = corpus.embeddings
+    shards = [corpus.shard(r, 3) for r in range(3)]
+    assert all(s.encoding == encoding and s.codec is codec for s in shards)
+    assert torch.equal(torch.cat([s.codes for s in shards]), corpus.codes)
+    if encoding.startswith("residual"):
+        assert torch.equal(torch.cat([s.residuals for s in shards]), corpus.residuals)
+    empty = corpus._slice(0, 0, None)
+    assert len(empty) == 0 and empty.encoding == encoding and empty.num_tokens == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoding,q_dtype", [("residual2", torch.float32), ("residual4", torch.float32),
+                                              ("residual2", torch.float16), ("pq16", torch.float32)])
+@pytest.mark.parametrize("where", ["pinned", "host", "mmap", "device"])
+def test_gpu_streaming_equals_oracle(tmp_path, encoding, q_dtype, where):
+    from placement import place
+
+    g = torch.Generator().manual_seed(12)
+    docs = unit_docs(g, n=3000, d=128, longest=200)
+    if encoding.startswith("residual"):
+        codec = ResidualCodec.train(torch.cat(docs).cuda(), int(encoding[-1]), num_centroids=256).to("cpu")
+    else:
+        codec = make_codec(encoding, docs, g)
+    queries = [q.cuda() for q in unit_queries(g, [32] * 16, d=128, dtype=q_dtype)]
+    corpus = Corpus.from_list(docs, codec=codec)
+    # fp16 queries decode in fp16 (colbert-ai's GPU rounding), fp32 queries in fp32
+    full = oracle_scores(queries, corpus.to("cuda"), dtype=torch.float16 if q_dtype == torch.float16 else torch.float32)
+    placed = place(corpus, where, tmp_path)
+    result = placed.search(queries, 100, gpu_memory=16 << 20, progress=False)  # several chunks when streamed
+    assert result.indices.device.type == "cuda"
+    assert_topk(result, full, 100, atol=1e-4 if q_dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("make", ["packed", "padded", "init"])
+def test_codec_keyword_on_every_constructor(make):
+    docs, codec, _ = build("residual2", seed=2, n=20)
+    tokens = torch.cat(docs)
+    offsets = np.concatenate([[0], np.cumsum([x.shape[0] for x in docs])])
+    if make == "packed":
+        corpus = Corpus.from_packed(tokens, offsets, codec=codec)
+    elif make == "init":
+        corpus = Corpus(tokens.numpy(), offsets, encoding="residual2", codec=codec)
+    else:
+        longest = max(x.shape[0] for x in docs)
+        padded = torch.zeros(len(docs), longest, D)
+        mask = torch.zeros(len(docs), longest, dtype=torch.bool)
+        for j, x in enumerate(docs):
+            padded[j, : x.shape[0]], mask[j, : x.shape[0]] = x, True
+        corpus = Corpus.from_padded(padded, mask, codec=codec)
+    codes, residuals = codec.encode(tokens)
+    assert corpus.encoding == "residual2" and corpus.codec is codec
+    assert torch.equal(corpus.codes, codes) and torch.equal(corpus.residuals, residuals)
+    assert np.array_equal(corpus.offsets, offsets)
+
+
+def test_codec_and_encoding_errors():
+    docs, codec, _ = build("residual2", seed=3, n=20)
+    with pytest.raises(ValueError, match="codec= is a ResidualCodec for encoding 'residual2', but encoding='residual4'"):
+        Corpus.from_list(docs, encoding="residual4", codec=codec)
+    with pytest.raises(TypeError, match="codec must be a maxsim.compressed.ResidualCodec or ProductQuantizer"):
+        Corpus.from_list(docs, codec="codec")
+    with pytest.raises(ValueError, match="tokens have d=16 but the residual2 codec has d=32"):
+        Corpus.from_list([torch.randn(3, 16)], codec=codec)
+    # m must divide d: one error listing the m that do
+    with pytest.raises(ValueError, match="pq48 needs m=48 to divide d=32: use one of pq1, pq2, pq4, pq8, pq16, pq32$"):
+        Corpus.from_list(docs, encoding="pq48")
+    with pytest.raises(ValueError, match="residual2 needs d to be a multiple of 8"):
+        Corpus.from_list([torch.randn(4, 12)], encoding="residual2")
+    with pytest.raises(ValueError, match="encoding must be one of"):
+        Corpus.from_list(docs, encoding="pq0")
+    with pytest.raises(ValueError, match="encoding must be one of"):
+        Corpus.from_list(docs, encoding="residual3")
+    with pytest.raises(ValueError, match="at least 256 tokens"):
+        Corpus.from_list(docs[:3], encoding="pq8")
+    with pytest.raises(TypeError, match="must be float16, bfloat16 or float32"):
+        Corpus.from_packed(torch.zeros(4, dtype=torch.int32), [0, 4], encoding="int8")
+
+
+def test_default_training_on_the_tokens():
+    g = torch.Generator().manual_seed(4)
+    docs = unit_docs(g, n=60, longest=10)
+    tokens = torch.cat(docs)
+    residual = Corpus.from_list(docs, encoding="residual4")
+    assert isinstance(residual.codec, ResidualCodec) and residual.codec.nbits == 4
+    want = ResidualCodec.train(tokens, 4)  # the library's defaults (and seed)
+    assert torch.equal(residual.codec.centroids, want.centroids)
+    assert torch.equal(residual.codes, want.encode(tokens)[0])
+    pq = Corpus.from_list(docs, encoding="pq4")
+    assert isinstance(pq.codec, ProductQuantizer) and pq.codec.m == 4
+    assert torch.equal(pq.codes, pq.codec.encode(tokens))
+
+
+@pytest.mark.parametrize("encoding", ["residual2", "pq8"])
+def test_append_encodes_with_the_corpus_codec(tmp_path, encoding):
+    docs, codec, g = build(encoding, seed=5, n=30)
+    corpus = Corpus.from_list(docs, codec=codec)
+    more = [F.normalize(torch.randn(4, D, generator=g), dim=-1).half(), torch.zeros(0, D, dtype=torch.half)]
+    corpus.append(more)
+    assert corpus.codec is codec and len(corpus) == 32 and len(corpus.segments) == 2
+    assert torch.equal(corpus.document(30), Corpus.from_list(more, codec=codec).document(0))
+    corpus.append((more[0].float(), np.array([0, 4])))
+    assert torch.equal(corpus.document(32), corpus.document(30))
+    corpus.append(Corpus.from_list(docs[:2], ids=np.arange(500, 502), codec=codec))
+    assert torch.equal(corpus.document(33), corpus.document(0))
+    other_codec = make_codec(encoding, docs[5:], g)
+    with pytest.raises(ValueError, match="encoded with another codec.*codec=corpus.codec"):
+        corpus.append(Corpus.from_list(docs[:2], codec=other_codec))
+    with pytest.raises(ValueError, match=f"cannot append d=16 documents to the corpus of d={D}"):
+        corpus.append([torch.randn(3, 16)])
+    with pytest.raises(TypeError, match=f"cannot append int8 documents to the corpus of {encoding}: encode them with "
+                                        "its codec"):
+        corpus.append(Corpus.from_list(docs[:2], encoding="int8"))
+    with pytest.raises(TypeError, match=f"cannot append {encoding} documents to the corpus of float32"):
+        Corpus.from_list(docs).append(Corpus.from_list(docs[:2], codec=codec))
+    queries = unit_queries(g)
+    assert_topk(corpus.search(queries, 10, progress=False, device="cpu"), oracle_scores(queries, corpus), 10)
+
+    # on disk: an append brings the corpus's codec (equal tables, dtype and bits)
+    Corpus.from_list(docs, codec=codec).save(tmp_path / "c")
+    stored = Corpus.load(tmp_path / "c")
+    Corpus.from_list(more, ids=np.arange(100, 102), codec=stored.codec).save(tmp_path / "c", append=True)
+    with pytest.raises(ValueError, match="codes of another codec to corpus .*codec=Corpus.load"):
+        Corpus.from_list(more, ids=np.arange(200, 202), codec=other_codec).save(tmp_path / "c", append=True)
+    with pytest.raises(TypeError, match=f"cannot append float16 embeddings to corpus .* of {encoding}: encode the "
+                                        "documents with its codec"):
+        Corpus.from_list(more, ids=np.arange(200, 202)).save(tmp_path / "c", append=True)
+    loaded = Corpus.load(tmp_path / "c")
+    assert len(loaded) == 32 and len(loaded.segments) == 2
+    assert torch.equal(loaded.document(30), corpus.document(30))
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    codec_files = {f["name"] for f in manifest["codec"]["files"].values()}
+    assert {p.name for p in (tmp_path / "c").iterdir() if p.name.startswith("codec-")} == codec_files
+
+
+def _manifest(directory: Path) -> dict:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+def test_codec_and_code_files_are_checked(tmp_path):
+    docs, codec, _ = build("residual2", seed=6, n=30)
+    Corpus.from_list(docs, codec=codec).save(tmp_path / "c")
+    manifest = _manifest(tmp_path / "c")
+    assert manifest["codec"]["kind"] == "residual" and manifest["codec"]["nbits"] == 2
+    assert manifest["codec"]["num_centroids"] == 16
+    assert set(manifest["codec"]["files"]) == {"centroids", "bucket_weights", "bucket_cutoffs"}
+    assert set(manifest["segments"][0]["files"]) == {"codes", "residuals", "lengths", "ids"}
+
+    centroids = tmp_path / "c" / manifest["codec"]["files"]["centroids"]["name"]
+    data = centroids.read_bytes()
+    flipped = bytearray(data)
+    flipped[-3] ^= 0x40
+    centroids.write_bytes(bytes(flipped))
+    with pytest.raises(corpus_format.CorpusFormatError, match=f"{centroids.name} is corrupted"):
+        Corpus.load(tmp_path / "c")
+    centroids.write_bytes(data)
+
+    codes = tmp_path / "c" / manifest["segments"][0]["files"]["codes"]["name"]
+    assert codes.name.endswith(".codes.npy")
+    data = codes.read_bytes()
+    codes.write_bytes(data[:-6])
+    with pytest.raises(corpus_format.CorpusFormatError, match=f"{codes.name} is truncated"):
+        Corpus.load(tmp_path / "c", verify=False)
+    codes.write_bytes(data)
+    residuals = tmp_path / "c" / manifest["segments"][0]["files"]["residuals"]["name"]
+    assert residuals.name.endswith(".res.npy")
+    residuals.unlink()
+    with pytest.raises(corpus_format.CorpusFormatError, match=f"{residuals.name} is missing"):
+        Corpus.load(tmp_path / "c")
+
+
+def test_pq_codebooks_file_is_checked(tmp_path):
+    docs, codec, _ = build("pq8", seed=7, n=20)
+    Corpus.from_list(docs, codec=codec).save(tmp_path / "c")
+    manifest = _manifest(tmp_path / "c")
+    assert manifest["codec"] == {"kind": "pq", "m": 8, "files": manifest["codec"]["files"]}
+    books = tmp_path / "c" / manifest["codec"]["files"]["codebooks"]["name"]
+    books.write_bytes(books.read_bytes()[:100])
+    with pytest.raises(corpus_format.CorpusFormatError, match=f"{books.name} is truncated"):
+        Corpus.load(tmp_path / "c", verify=False)
+    # a manifest without its codec entry
+    del manifest["codec"]
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(corpus_format.CorpusFormatError, match="of pq8 codes lists no codec"):
+        Corpus.load(tmp_path / "c")
+
+
+def test_version_3_is_refused_by_older_readers(tmp_path, monkeypatch):
+    docs, codec, _ = build("pq8", seed=8, n=20)
+    Corpus.from_list(docs, codec=codec).save(tmp_path / "c")
+    assert _manifest(tmp_path / "c")["version"] == 3 == corpus_format.FORMAT_VERSION
+    # a reader of versions up to 2 (the int8 / fp8 maxsim)
+    monkeypatch.setattr(corpus_format, "FORMAT_VERSION", 2)
+    with pytest.raises(corpus_format.CorpusFormatError, match=r"newer format version \(3\).*versions up to 2"):
+        Corpus.load(tmp_path / "c")
+    monkeypatch.undo()
+    Corpus.load(tmp_path / "c")
+    manifest = _manifest(tmp_path / "c")
+    manifest["version"] = corpus_format.FORMAT_VERSION + 1
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(corpus_format.CorpusFormatError, match=f"newer format version \\({corpus_format.FORMAT_VERSION + 1}\\)"):
+        Corpus.load(tmp_path / "c")
+    # a residual manifest that says version 2 is inconsistent
+    manifest["version"] = 2
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(corpus_format.CorpusFormatError, match="inconsistent encoding 'pq8'"):
+        Corpus.load(tmp_path / "c")
+
+
+@pytest.mark.parametrize("when", ["codec", "segment"])
+def test_interrupted_overwrite_keeps_the_old_corpus(tmp_path, monkeypatch, when):
+    docs, codec, g = build("residual2", seed=9, n=30)
+    queries = unit_queries(g, (3,))
+    Corpus.from_list(docs, codec=codec).save(tmp_path / "c")
+    before = Corpus.load(tmp_path / "c").search(queries, 5, progress=False, device="cpu")
+    real = corpus_format._write_array
+    calls = {"n": 0}
+
+    def dies(path, array):  # the new corpus's first codec table, or its first segment file
+        calls["n"] += 1
+        if (when == "codec" and ".centroids" in path.name) or (when == "segment" and ".codes" in path.name):
+            path.with_name(path.name + ".tmp").write_bytes(b"\x93NUMPY partial")
+            raise KeyboardInterrupt
+        real(path, array)
+
+    new_codec = make_codec("residual2", docs[3:], g)
+    monkeypatch.setattr(corpus_format, "_write_array", dies)
+    with pytest.raises(KeyboardInterrupt):
+        Corpus.from_list(docs[:10], codec=new_codec).save(tmp_path / "c", overwrite=True)
+    monkeypatch.undo()
+    after = Corpus.load(tmp_path / "c").search(queries, 5, progress=False, device="cpu")
+    assert torch.equal(after.indices, before.indices) and torch.equal(after.scores, before.scores)
+    # the next write removes the orphans
+    Corpus.from_list(docs[:10], codec=new_codec).save(tmp_path / "c", overwrite=True)
+    listed = {f["name"] for f in _manifest(tmp_path / "c")["codec"]["files"].values()}
+    listed |= {f["name"] for s in _manifest(tmp_path / "c")["segments"] for f in s["files"].values()}
+    assert {p.name for p in (tmp_path / "c").iterdir()} == listed | {"manifest.json"}
+
+
+def _write_fast_plaid(path, codec, codes, residuals, doc_lengths):
+    """A one-chunk fast-plaid folder (tests/index/test_fast_plaid_index.py writes the full layout)."""
+    os.makedirs(path)
+    np.save(path / "centroids.npy", codec.centroids.half().numpy())
+    np.save(path / "bucket_cutoffs.npy", codec.bucket_cutoffs.numpy())
+    np.save(path / "bucket_weights.npy", codec.bucket_weights.numpy())
+    np.save(path / "0.codes.npy", codes.long().numpy())
+    np.save(path / "0.residuals.npy", residuals.numpy())
+    (path / "doclens.0.json").write_text(json.dumps(doc_lengths))
+    pid_of_token = torch.repeat_interleave(torch.arange(len(doc_lengths)), torch.tensor(doc_lengths))
+    lists = [torch.unique(pid_of_token[codes.long() == c]) for c in range(codec.num_centroids)]
+    np.save(path / "ivf.npy", torch.cat(lists).long().numpy())
+    np.save(path / "ivf_lengths.npy", torch.tensor([len(v) for v in lists], dtype=torch.int32).numpy())
+    (path / "metadata.json").write_text(json.dumps({"num_chunks": 1, "nbits": codec.nbits,
+                                                    "num_embeddings": int(sum(doc_lengths)),
+                                                    "num_documents": len(doc_lengths)}))
+
+
+def test_from_index_reads_a_plaid_index(tmp_path):
+    docs, codec, g = build("residual2", seed=10, n=40)
+    tokens = torch.cat(docs)
+    codes, residuals = codec.encode(tokens)
+    lengths = [x.shape[0] for x in docs]
+    _write_fast_plaid(tmp_path / "index", codec, codes, residuals, lengths)
+    corpus = Corpus.from_index(tmp_path / "index")
+    assert corpus.encoding == "residual2" and len(corpus) == 40 and corpus.codec.centroids.dtype == torch.float16
+    assert torch.equal(corpus.codes, codes) and torch.equal(corpus.residuals, residuals)
+    assert np.array_equal(np.diff(corpus.offsets), lengths)
+    queries = unit_queries(g)
+    assert_topk(corpus.search(queries, 7, progress=False, device="cpu"), oracle_scores(queries, corpus), 7)
+    corpus.save(tmp_path / "c")
+    loaded = Corpus.load(tmp_path / "c")
+    assert loaded.codec.centroids.dtype == torch.float16  # stored as it is: the same decode
+    assert torch.equal(loaded.document(3), corpus.document(3))
+    # the index's codec keeps its cutoffs: documents appended to it are encoded with it
+    loaded.append(docs[:2])
+    assert torch.equal(loaded.document(40), corpus.document(0))
+
+
+# ---------------------------------------------------------------------- the index command
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser(prog="maxsim")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_index_parser(sub)
+    add_search_parser(sub)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def test_cli_index_residual2_then_search(tmp_path, capsys):
+    g = torch.Generator().manual_seed(11)
+    docs = unit_docs(g, n=40)
+    more = unit_docs(g, n=10)
+    queries = unit_queries(g, (2, 4, 3))
+    np.save(tmp_path / "docs.npy", torch.cat(docs).numpy())
+    np.save(tmp_path / "lengths.npy", np.array([x.shape[0] for x in docs]))
+    torch.save({"embeddings": more, "ids": list(range(40, 50))}, tmp_path / "more.pt")
+    torch.save({"embeddings": queries, "ids": ["q1", "q2", "q3"]}, tmp_path / "queries.pt")
+    out = str(tmp_path / "c")
+    assert _run(["index", "--out", out, "--encoding", "residual2", "--num-centroids", "16", "--device", "cpu",
+                 str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy")]) == 0
+    assert "training a residual2 codec on" in capsys.readouterr().err
+    first = Corpus.load(out)
+    assert first.encoding == "residual2" and first.codec.num_centroids == 16
+    # float documents appended to the residual corpus are encoded with its codec
+    assert _run(["index", "--out", out, "--append", str(tmp_path / "more.pt"), "--quiet", "--device", "cpu"]) == 0
+    corpus = Corpus.load(out)
+    assert corpus.encoding == "residual2" and len(corpus) == 50 and len(corpus.segments) == 2
+    assert torch.equal(corpus.codec.centroids, first.codec.centroids)
+    assert torch.equal(corpus.document(40), Corpus.from_list(more, codec=first.codec).document(0))
+    assert _run(["search", "--corpus", out, "--queries", str(tmp_path / "queries.pt"), "-k", "6",
+                 "--out", str(tmp_path / "run.jsonl"), "--no-progress", "--quiet", "--device", "cpu"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    result = type("R", (), {})()
+    result.scores = torch.tensor([r["scores"] for r in rows])
+    result.indices = torch.tensor([r["docids"] for r in rows])  # ids are the positions here
+    assert_topk(result, oracle_scores(queries, corpus), 6)
+    with pytest.raises(TypeError, match="cannot append residual4 documents to the corpus .* of residual2"):
+        _run(["index", "--out", out, "--append", "--encoding", "residual4", str(tmp_path / "more.pt"), "--quiet"])
+    capsys.readouterr()
+
+
+def test_cli_encoding_names(tmp_path, capsys):
+    np.save(tmp_path / "docs.npy", np.zeros((300, D), np.float32))
+    np.save(tmp_path / "lengths.npy", np.full(30, 10))
+    args = ["index", "--out", str(tmp_path / "c"), str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy"),
+            "--quiet", "--device", "cpu"]
+    with pytest.raises(ValueError, match="pq48 needs m=48 to divide d=32: use one of pq1, pq2, pq4, pq8, pq16, pq32"):
+        _run(args + ["--encoding", "pq48"])
+    for bad in ("pq0", "residual3", "int4"):
+        with pytest.raises(SystemExit):
+            _run(args + ["--encoding", bad])
+        assert f"invalid choice: '{bad}'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _run(["index", "--help"])
+    text = capsys.readouterr().out
+    assert "residual2,residual4,pq32" in text and "--encoding residual2" in text
+    assert _run(args + ["--encoding", "int8", "--num-centroids", "4"]) == 2
+    assert "--num-centroids is for" in capsys.readouterr().err
