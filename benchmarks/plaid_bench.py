@@ -13,9 +13,10 @@ Times: median wall clock of ``--reps`` calls after a warm-up, the GPU synchronis
 returns Python lists; ours tensors on the GPU). Columns: queries/s, top-k overlap with
 fast-plaid's ids, recall@k against the exact top-k.
 
-The corpus: ``--topics`` topic vectors; a passage draws one topic, each token is its topic plus one
-of ``--vocab`` word vectors plus noise, normalised. A query takes 32 tokens of one passage (with
-replacement) plus noise, so each query has a known source passage.
+The corpus (benchmarks/_passages.py, parameters PLAID_BENCH): ``--topics`` topic vectors; a
+passage draws one topic, each token is its topic plus one of ``--vocab`` word vectors plus noise,
+normalised. A query takes 32 tokens of one passage (with replacement) plus noise, so each query
+has a known source passage.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import time
 
 import torch
 from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
+from _passages import PLAID_BENCH
+from _passages import make_corpus as make_passages
 
 DIM = 128
 QUERY_LEN = 32
@@ -35,30 +38,12 @@ SEED = 0
 
 
 def make_corpus(num_docs: int, options: dict, device):
-    """(tokens [T, d] fp16, cu_seqlens [Nd + 1] int64, queries [Nq, Lq, d] fp16, source [Nq] int64)."""
-    g = torch.Generator(device=device).manual_seed(SEED)
-    topics = torch.randn(options["topics"], DIM, device=device, generator=g)
-    vocab = torch.randn(options["vocab"], DIM, device=device, generator=g)
-    lengths = torch.randint(options["min_len"], options["max_len"] + 1, (num_docs,), device=device, generator=g)
-    cu = torch.zeros(num_docs + 1, dtype=torch.int64, device=device)
-    cu[1:] = torch.cumsum(lengths, 0)
-    total = int(cu[-1])
-    doc_topic = torch.randint(0, options["topics"], (num_docs,), device=device, generator=g)
-    token_doc = torch.repeat_interleave(torch.arange(num_docs, device=device), lengths)  # [T]
-    tokens = torch.empty(total, DIM, dtype=torch.float16, device=device)
-    for t0 in range(0, total, 1 << 24):  # in slices: fp32 temporaries of 8 GB at most
-        t1 = min(total, t0 + (1 << 24))
-        words = torch.randint(0, options["vocab"], (t1 - t0,), device=device, generator=g)
-        x = topics[doc_topic[token_doc[t0:t1]]] + vocab[words] + 0.5 * torch.randn(t1 - t0, DIM, device=device,
-                                                                                     generator=g)
-        tokens[t0:t1] = torch.nn.functional.normalize(x, dim=-1).half()
-    num_queries = max(options["queries"])
-    source = torch.randint(0, num_docs, (num_queries,), device=device, generator=g)
-    pick = cu[source, None] + (torch.rand(num_queries, QUERY_LEN, device=device, generator=g)
-                               * lengths[source, None]).long()  # [Nq, Lq] token rows of the source passage
-    noise = 0.3 * torch.randn(num_queries, QUERY_LEN, DIM, device=device, generator=g)
-    queries = torch.nn.functional.normalize(tokens[pick].float() + noise, dim=-1).half()
-    return tokens, cu, queries, source
+    """(tokens [T, d] fp16, cu_seqlens [Nd + 1] int64, queries [Nq, Lq, d] fp16, source [Nq] int64):
+    benchmarks/_passages.py's generator with this benchmark's historical parameters (PLAID_BENCH:
+    the same corpora and queries, bit for bit, as before the generator moved there)."""
+    params = dict(PLAID_BENCH, dim=DIM, query_len=QUERY_LEN, seed=SEED, topics=options["topics"], vocab=options["vocab"],
+                  min_len=options["min_len"], max_len=options["max_len"])
+    return make_passages(num_docs, device=device, num_queries=max(options["queries"]), **params)
 
 
 def wall_ms(fn, reps: int) -> float:

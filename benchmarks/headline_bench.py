@@ -1,0 +1,457 @@
+"""The headline: exhaustive search of the largest corpus of ~64-token passages that fits one GPU,
+per encoding of ``maxsim.Corpus``, beside fast-plaid's PLAID search of the same passages.
+
+    python benchmarks/headline_bench.py                                  # 1M and 10M passages (H200)
+    python benchmarks/headline_bench.py --docs 1000000 --out results/headline.json
+    python benchmarks/headline_bench.py --docs 2000 --device cpu --reps 2  # smoke test on a CPU
+
+Data: benchmarks/_passages.py with its calibrated defaults (``HEADLINE``: contexts over a 32-dim
+subspace, Zipf words; their recalls under each encoding match real MiniLM token embeddings at small
+scale, see that module), 32-96 tokens a passage (64 on average), d 128, fp16; 32 queries of 32
+tokens, each from a known source passage. Nothing is written to disk: every cell regenerates the
+passages from the seed on the device (a pass over 640M tokens takes seconds on the GPU, while the
+fp16 tokens of 10M passages are 164 GB: more than the GPU, the host memory or the disk holds), slice
+by slice (``--slice-docs``; default: the whole corpus when its fp16 tokens take at most a quarter of
+the free GPU memory, else 500K passages).
+
+Per passage count (``--docs``), each cell in its own process (benchmarks/_isolate.py: a crash, an
+out-of-memory or an unsupported encoding is a row that says so, and the run goes on):
+
+* truth: exact top-10 of every query, the fp16 tokens scored by ``maxsim.maxsim_varlen`` (fp16
+  products are exact in fp32 and accumulate in fp32: the fp32 MaxSim of the stored tokens, up to
+  the order of the additions), a slice at a time, all [32, N] scores kept (1.3 GB at 10M) and
+  ``torch.topk`` at the end. Also: how often the source passage is the exact top-1.
+* one row per ``--encodings``: ``Corpus.from_packed(tokens, offsets, encoding=...)`` on the first
+  slice (a residual / PQ corpus trains its codec there, with the library's defaults: at 1M on the
+  whole corpus, 131,072 residual centroids by colbert-ai's count; at 10M on the first 500K
+  passages, 65,536 centroids for their 32M tokens rather than the 262,144 of all 640M, which would
+  make encoding 4x slower. Fewer centroids mean larger residuals and lower recall: on the CPU test,
+  2,000 passages, a codec from the first 700 gave residual2 recall 0.50 against 0.81 from all of
+  them. ``--slice-docs 1000000`` trains on 1M passages at 10M, twice the encoding time), then
+  ``Corpus.append((tokens, offsets))`` per further slice (encoded with that codec). A size whose
+  encoded bytes plus the build's working memory exceed the free GPU memory is a "does not fit" row
+  (no build tried; 10M in float16, 164 GB). Codec training and encoding run with TF32 matmuls
+  (``torch.set_float32_matmul_precision("high")``, ``--no-build-tf32`` to keep fp32; colbert-ai's
+  GPU indexer uses fp16); search runs at the default ("highest").
+* fast-plaid (``from fast_plaid import search``; up to ``--fast-plaid-max-docs``): an index of the
+  same passages built and searched with the calls of benchmarks/plaid_bench.py
+  (``FastPlaid(index=..., device=...).create(documents_embeddings=[...], nbits=--nbits)``,
+  ``.search(queries_embeddings=Q, top_k=10, show_progress=False)``, its default search settings).
+
+Timing: ``Corpus.search(Q, 10)``; batch 32: the 32 queries, median wall clock of ``--reps`` calls
+after a warm-up call (the device synchronised); batch 1: each of the 32 queries alone, one call
+each after a warm-up, median. Recall@10 at batch 1 and at batch 32 is over the same 32 queries:
+|top-10 ∩ exact top-10| / 10, averaged. A cell stops timing after ``--search-budget-s`` (at least
+one call each; the note then says how many of the 32 single queries ran). Memory: resident = the
+corpus's tensors (values, scales, codes, residuals) on the device; peak =
+``torch.cuda.max_memory_allocated`` while searching (the build's peak is in the JSON).
+
+The whole run starts no cell after ``--deadline-s`` and stops the one running then (rows
+"skipped" / "timeout"): a device command that must end within 10 minutes still reports every
+finished row (stdout, and ``--out`` rewritten after each row).
+
+Run time on an H200. Measured (2026-12-02 06:56, an earlier copy of this script whose truth cell
+scored a second, different draw of the passages: its recalls of 0.66 are that bug, fixed since;
+``results/headline-20261202-0656.*``): at 1M, generation 0.9 s a pass, exact scores 0.6 s, the
+truth and the float16, int8 and fp8 cells 46 s together, start-ups included; residual2 did not
+finish within 120 s
+(the Corpus's codec: k-means of 131,072 centroids over a 33.5M-token sample, then
+``ResidualCodec.encode``, which works through 64M tokens 128 at a time). Estimated from that
+and the code: residual2 / residual4 about 2-2.5 minutes each at 1M and about 5 each at 10M (640M
+tokens, 256 at a time); pq32 1-3 minutes at 1M and several at 10M (encoding 1,024 tokens at a
+time, a PyTorch look-up-table search); fast-plaid's 1M index a minute or two; int8 / fp8 at 10M
+under a minute each. So the default ``--docs`` does not fit one 10-minute call: ``--deadline-s``
+keeps what finished. To get every row, run it as separate calls, each with its own ``--out``:
+``--docs 1000000`` (about 8 minutes), ``--docs 10000000 --encodings float16,int8,fp8,residual2``
+and ``--docs 10000000 --encodings residual4,pq32`` (``--deadline-s 0 --timeout 590`` if a single
+cell needs the whole call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _isolate import failed, run_isolated
+from _passages import HEADLINE, Passages
+
+CHUNK_TOKENS = 1 << 22  # generator step: 2 GB fp32 temporaries, small beside a 10M-passage corpus
+SLICE_DOCS_LARGE = 500_000  # a slice of a corpus too large to hold in fp16: 8 GB of fp16 tokens
+K = 10
+ENCODINGS = "float16,int8,fp8,residual2,residual4,pq32"
+
+
+# ---------------------------------------------------------------------- helpers (child side)
+def _device(options: dict) -> torch.device:
+    return torch.device(options["device"])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _setup(options: dict) -> torch.device:
+    device = _device(options)
+    if device.type == "cpu" and options.get("cpu_threads"):
+        torch.set_num_threads(options["cpu_threads"])
+    return device
+
+
+def _passages(num_docs: int, options: dict, device) -> Passages:
+    return Passages(num_docs, device=device, num_queries=options["queries"], seed=options["seed"],
+                    chunk_tokens=CHUNK_TOKENS, **HEADLINE)
+
+
+def _free_bytes(device) -> int | None:
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def _slice_docs(gen: Passages, options: dict, device) -> int:
+    """The whole corpus when its fp16 tokens take at most a quarter of the free memory, else
+    SLICE_DOCS_LARGE passages (or ``--slice-docs``)."""
+    if options["slice_docs"]:
+        return options["slice_docs"]
+    free = _free_bytes(device)
+    whole = gen.total_tokens * gen.config.dim * 2
+    return gen.num_docs if free is None or whole <= free / 4 else SLICE_DOCS_LARGE
+
+
+def bytes_per_token(encoding: str, dim: int) -> float:
+    """Bytes a token takes in ``encoding`` (as ``Corpus.bytes_per_token`` reports them)."""
+    if encoding in ("float16", "bfloat16"):
+        return 2 * dim
+    if encoding == "float32":
+        return 4 * dim
+    if encoding in ("int8", "fp8"):
+        return dim + 4
+    if encoding.startswith("residual"):
+        return dim * int(encoding[len("residual"):]) / 8 + 4
+    if encoding.startswith("pq"):
+        return int(encoding[2:])
+    raise ValueError(f"unknown encoding {encoding!r}")
+
+
+def _recall(ids: torch.Tensor, exact: torch.Tensor) -> float:
+    """Mean over rows of |ids ∩ exact| / k."""
+    ids, exact = ids.cpu(), exact.cpu()
+    return sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(ids, exact)) / exact.numel()
+
+
+def _search_rows(search, queries: torch.Tensor, exact: torch.Tensor, options: dict, device) -> dict:
+    """Times ``search(Q) -> ids [b, k]`` at batch 32 (all the queries, median of --reps after a
+    warm-up) and batch 1 (each query alone after a warm-up, median), recall of both."""
+    budget = options["search_budget_s"]
+    row = {}
+    nq = queries.shape[0]
+    search(queries)  # warm-up (kernel compilation, allocator)
+    _sync(device)
+    times, start = [], time.perf_counter()
+    ids = None
+    for _ in range(max(1, options["reps"])):
+        t0 = time.perf_counter()
+        ids = search(queries)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget:
+            break
+    row[f"ms_{nq}"] = 1e3 * statistics.median(times)
+    row[f"reps_{nq}"] = len(times)
+    row[f"recall_{nq}"] = _recall(ids, exact)
+    search(queries[:1])
+    _sync(device)
+    times, found, start = [], [], time.perf_counter()
+    for i in range(nq):
+        t0 = time.perf_counter()
+        one = search(queries[i:i + 1])
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        found.append(one.cpu())
+        if time.perf_counter() - start > budget:
+            break
+    row["ms_1"] = 1e3 * statistics.median(times)
+    row["queries_1"] = len(found)
+    row["recall_1"] = _recall(torch.cat(found), exact[:len(found)])
+    return row
+
+
+def _load_truth(folder: str, num_docs: int) -> dict:
+    return torch.load(os.path.join(folder, f"truth-{num_docs}.pt"))
+
+
+# ---------------------------------------------------------------------- cells
+def truth_cell(num_docs: int, options: dict, folder: str) -> dict:
+    """Exact top-10 of the queries (two passes: the queries come from the passages); saved to
+    ``folder``."""
+    import maxsim
+
+    device = _setup(options)
+    t0 = time.perf_counter()
+    gen = _passages(num_docs, options, device)
+    slice_docs = _slice_docs(gen, options, device)
+    for _ in gen.slices(slice_docs):  # pass 1: collect the queries
+        pass
+    queries, source = gen.queries()
+    _sync(device)
+    generate_s = time.perf_counter() - t0
+    nq, lq, dim = queries.shape
+    q_packed = queries.reshape(nq * lq, dim)
+    cu_q = torch.arange(0, nq * lq + 1, lq, device=device)
+    scores = torch.empty(nq, num_docs, dtype=torch.float32, device=device)
+    score_s = 0.0
+    for first, tokens, offsets in gen.slices(slice_docs):  # pass 2: score every passage
+        _sync(device)
+        t1 = time.perf_counter()
+        cu_d = torch.from_numpy(offsets).to(device)
+        max_d = int((offsets[1:] - offsets[:-1]).max())
+        scores[:, first:first + offsets.size - 1] = maxsim.maxsim_varlen(q_packed, tokens, cu_q, cu_d, lq, max_d)
+        _sync(device)
+        score_s += time.perf_counter() - t1
+    top_scores, top_ids = scores.topk(K + 1, dim=1)  # one more: the gap after the 10th
+    torch.save(dict(queries=queries.cpu(), source=source.cpu(), exact_ids=top_ids[:, :K].cpu(),
+                    exact_scores=top_scores.cpu()), os.path.join(folder, f"truth-{num_docs}.pt"))
+    ties = int((top_scores[:, K - 1] == top_scores[:, K]).sum())
+    return dict(tokens=gen.total_tokens, slice_docs=slice_docs, generate_s=generate_s, exact_score_s=score_s,
+                source_top1=float((top_ids[:, 0] == source).float().mean()),
+                source_top10=float((top_ids[:, :K] == source[:, None]).any(1).float().mean()),
+                ties_at_k=ties, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+                torch=torch.__version__)
+
+
+def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> dict:
+    """Build a Corpus of ``encoding`` slice by slice, time its search, check its recall."""
+    import maxsim
+
+    device = _setup(options)
+    truth = _load_truth(folder, num_docs)
+    gen = _passages(num_docs, options, device)
+    dim = gen.config.dim
+    slice_docs = _slice_docs(gen, options, device)
+    resident = gen.total_tokens * bytes_per_token(encoding, dim)
+    slice_tokens = gen.total_tokens * min(1.0, slice_docs / num_docs)
+    # the slice's fp16 tokens, their concatenation and the generator's fp32 temporaries
+    working = 3 * slice_tokens * dim * 2 + 4 * CHUNK_TOKENS * dim * 4
+    free = _free_bytes(device)
+    row = dict(bytes_per_token=bytes_per_token(encoding, dim), needed_gb=(resident + working) / 1e9)
+    if free is not None and resident + working > free:
+        fits = int(num_docs * free / (resident + working))
+        return dict(row, note=f"does not fit ({resident / 1e9:.0f} GB + {working / 1e9:.0f} GB to build > "
+                              f"{free / 1e9:.0f} GB free; ~{fits / 1e6:.1f}M passages would)")
+    corpus, build_s, generate_s = None, 0.0, 0.0
+    previous = torch.get_float32_matmul_precision()
+    t_gen = time.perf_counter()
+    for first, tokens, offsets in gen.slices(slice_docs):
+        _sync(device)
+        t0 = time.perf_counter()
+        generate_s += t0 - t_gen
+        if options["build_tf32"] and device.type == "cuda":
+            torch.set_float32_matmul_precision("high")
+        try:
+            if corpus is None:
+                corpus = maxsim.Corpus.from_packed(tokens, offsets, encoding=encoding)
+            else:
+                corpus.append((tokens, offsets))
+            _sync(device)
+        finally:
+            torch.set_float32_matmul_precision(previous)
+        build_s += time.perf_counter() - t0
+        del tokens
+        t_gen = time.perf_counter()
+    queries, _ = gen.queries()
+    if not torch.equal(queries.cpu(), truth["queries"]):
+        raise RuntimeError("the regenerated queries differ from the truth cell's: the generator is not deterministic")
+    parts = [t for s in corpus.segments for t in s.parts()]
+    codec = getattr(corpus, "codec", None)  # a residual / PQ corpus's tables (centroids, codebooks)
+    parts += [t for t in vars(codec).values() if torch.is_tensor(t)] if codec is not None else []
+    row.update(resident_gb=sum(t.numel() * t.element_size() for t in parts) / 1e9, build_s=build_s,
+               generate_s=generate_s, segments=len(corpus.segments), slice_docs=slice_docs,
+               bytes_per_token=float(getattr(corpus, "bytes_per_token", row["bytes_per_token"])))
+    if device.type == "cuda":
+        row["peak_build_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        torch.cuda.reset_peak_memory_stats(device)
+    Q = queries.to(device)
+
+    def search(q):
+        return corpus.search(q, K, progress=False).indices
+
+    row.update(_search_rows(search, Q, truth["exact_ids"], options, device))
+    if device.type == "cuda":
+        row["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return row
+
+
+def fast_plaid_cell(num_docs: int, options: dict, folder: str) -> dict:
+    """fast-plaid's index of the same passages (plaid_bench's calls), searched at both batches."""
+    from fast_plaid import search as fp_search
+
+    device = _setup(options)
+    truth = _load_truth(folder, num_docs)
+    gen = _passages(num_docs, options, device)
+    pieces, lengths = [], []
+    for _, tokens, offsets in gen.slices(None):  # fast-plaid takes the whole corpus at once
+        pieces.append(tokens)
+        lengths.extend((offsets[1:] - offsets[:-1]).tolist())
+    tokens = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    del pieces
+    queries, _ = gen.queries()
+    if not torch.equal(queries.cpu(), truth["queries"]):
+        raise RuntimeError("the regenerated queries differ from the truth cell's")
+    docs = list(torch.split(tokens, lengths))
+    index_path = os.path.join(folder, f"fast-plaid-{num_docs}")
+    _sync(device)
+    t0 = time.perf_counter()
+    fp_search.FastPlaid(index=index_path, device=str(device)).create(documents_embeddings=docs,
+                                                                      nbits=options["nbits"])
+    _sync(device)
+    build_s = time.perf_counter() - t0
+    del docs, tokens
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device)
+    index = fp_search.FastPlaid(index=index_path, device=str(device))
+    index_bytes = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(index_path) for f in files)
+    row = dict(build_s=build_s, index_gb=index_bytes / 1e9, bytes_per_token=index_bytes / gen.total_tokens,
+               nbits=options["nbits"])
+    Q = queries.to(device)
+
+    def search(q):
+        hits = index.search(queries_embeddings=q, top_k=K, show_progress=False)
+        return torch.tensor([[pid for pid, _ in h] + [-1] * (K - len(h)) for h in hits])
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    row.update(_search_rows(search, Q, truth["exact_ids"], options, device))
+    if device.type == "cuda":
+        row["resident_gb"] = (torch.cuda.memory_allocated(device) - base) / 1e9
+        row["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return row
+
+
+# ---------------------------------------------------------------------- parent
+def format_row(r: dict, batch: int) -> str:
+    def cell(key, spec):
+        return "-" if r.get(key) is None else format(r[key], spec)
+
+    def qps(batch):
+        ms = r.get(f"ms_{batch}")
+        return "-" if ms is None else f"{batch / (ms * 1e-3):,.0f}"
+
+    return (f"{r['docs']:>10,} {r['encoding']:>10} | {cell('bytes_per_token', '.0f'):>5} {cell('resident_gb', '.2f'):>7} "
+            f"{cell('peak_search_gb', '.1f'):>6} {cell('build_s', '.1f'):>7} | {qps(1):>7} {qps(batch):>8} | "
+            f"{cell('recall_1', '.3f'):>6} {cell(f'recall_{batch}', '.3f'):>6}" + (f" | {r['note']}" if r.get("note") else ""))
+
+
+def header(batch: int) -> str:
+    return (f"{'docs':>10} {'encoding':>10} | {'B/tok':>5} {'GB res':>7} {'GB pk':>6} {'build s':>7} | "
+            f"{'q/s @1':>7} {f'q/s @{batch}':>8} | {'rec@1':>6} {f'rec@{batch}':>6} | note")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", default="1000000,10000000", help="comma-separated passage counts")
+    ap.add_argument("--encodings", default=ENCODINGS, help="comma-separated maxsim.Corpus encodings")
+    ap.add_argument("--queries", type=int, default=32, help="queries: the large batch, and the singles of batch 1")
+    ap.add_argument("--reps", type=int, default=10, help="timed calls of the large batch (after a warm-up)")
+    ap.add_argument("--search-budget-s", type=float, default=30.0, help="stop timing a batch size after this long")
+    ap.add_argument("--slice-docs", type=int, default=0,
+                    help="passages a slice (0: the whole corpus if its fp16 tokens fit a quarter of the free "
+                         f"GPU memory, else {SLICE_DOCS_LARGE})")
+    ap.add_argument("--fast-plaid-max-docs", type=int, default=1_000_000)
+    ap.add_argument("--nbits", type=int, default=2, help="fast-plaid's residual bits")
+    ap.add_argument("--no-build-tf32", dest="build_tf32", action="store_false",
+                    help="codec training and encoding with fp32 matmuls (default: TF32)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
+    ap.add_argument("--cpu-threads", type=int, default=0, help="torch threads of each CPU cell (0: torch's default)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one cell may take before it is killed")
+    ap.add_argument("--deadline-s", type=float, default=560.0, help="start no cell after this many seconds (0: none)")
+    ap.add_argument("--tmp", default=None, help="folder for the truth and fast-plaid's index (default: the system's)")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here (after every row)")
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("headline_bench needs a CUDA GPU (or --device cpu for a smoke test)")
+    options = dict(device=args.device, queries=args.queries, reps=args.reps, search_budget_s=args.search_budget_s,
+                   slice_docs=args.slice_docs, nbits=args.nbits, build_tf32=args.build_tf32, seed=args.seed,
+                   cpu_threads=args.cpu_threads)
+    encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
+    have_fast_plaid = importlib.util.find_spec("fast_plaid") is not None
+    start = time.perf_counter()
+    rows, sizes = [], []
+
+    def left() -> float:
+        if not args.deadline_s:
+            return args.timeout
+        return min(args.timeout, args.deadline_s - (time.perf_counter() - start))
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(format_row(row, args.queries), flush=True)
+        if args.out:
+            with open(args.out, "w") as handle:
+                json.dump(dict(args=vars(args), generator=HEADLINE, sizes=sizes, rows=rows), handle, indent=1)
+
+    def isolated(fn, *fn_args) -> dict:
+        budget = left()
+        if budget <= 5:
+            return {"status": "skipped", "error": f"past --deadline-s {args.deadline_s:g}"}
+        return run_isolated(fn, *fn_args, timeout_s=budget)
+
+    print(f"# headline_bench: exhaustive maxsim.Corpus.search per encoding, k {K}, {args.queries} queries of 32 tokens; "
+          f"passages: _passages.HEADLINE {HEADLINE}", flush=True)
+    printed_header = False
+    with tempfile.TemporaryDirectory(prefix="maxsim-headline-", dir=args.tmp) as folder:
+        for num_docs in (int(x) for x in args.docs.split(",")):
+            truth = isolated(truth_cell, num_docs, options, folder)
+            if truth["status"] == "ok":
+                if not printed_header:
+                    tf32 = args.build_tf32 and args.device.startswith("cuda")
+                    print(f"# {truth['device_name']}, torch {truth['torch']}; codecs trained and applied with "
+                          f"{'TF32' if tf32 else 'fp32'} matmuls; q/s = batch / median wall clock")
+                sizes.append(dict(docs=num_docs, **truth))
+                print(f"# {num_docs:,} passages, {truth['tokens'] / 1e6:.1f}M tokens, slices of "
+                      f"{truth['slice_docs']:,}: generated in {truth['generate_s']:.1f} s, exact scores "
+                      f"(fp16 tokens, fp32 accumulation) in {truth['exact_score_s']:.1f} s; the source passage is "
+                      f"exact top-1 for {truth['source_top1']:.0%} of the queries, top-10 for "
+                      f"{truth['source_top10']:.0%}; {truth['ties_at_k']} ties at rank 10", flush=True)
+            if not printed_header:
+                print(header(args.queries))
+                print("-" * len(header(args.queries)), flush=True)
+                printed_header = True
+            if truth["status"] != "ok":
+                emit(dict(docs=num_docs, encoding="(truth)", note=f"exact search {failed(truth)}"))
+                continue
+            for encoding in encodings:
+                result = isolated(encoding_cell, num_docs, encoding, options, folder)
+                note = result.get("note") or failed(result)
+                if result["status"] == "ok" and result.get("queries_1", args.queries) < args.queries:
+                    note = f"batch 1: {result['queries_1']} of {args.queries} queries in the time budget"
+                emit(dict({k: v for k, v in result.items() if k not in ("status", "error", "note")},
+                          docs=num_docs, encoding=encoding, note=note))
+            if not have_fast_plaid:
+                emit(dict(docs=num_docs, encoding="fast-plaid", note="not installed (pip install fast-plaid)"))
+            elif num_docs > args.fast_plaid_max_docs:
+                emit(dict(docs=num_docs, encoding="fast-plaid", note=f"skipped: above --fast-plaid-max-docs "
+                                                                      f"{args.fast_plaid_max_docs:,}"))
+            else:
+                result = isolated(fast_plaid_cell, num_docs, options, folder)
+                note = failed(result) or f"PLAID {args.nbits}-bit, its default search settings; B/tok: index files"
+                emit(dict({k: v for k, v in result.items() if k not in ("status", "error")},
+                          docs=num_docs, encoding="fast-plaid", note=note))
+    print(f"# {time.perf_counter() - start:.0f} s in all", flush=True)
+
+
+if __name__ == "__main__":
+    main()
