@@ -2,7 +2,6 @@
 codec is one per corpus (stored once, checked like a segment, never retrained on append), the
 file is format version 3, and the index command takes --encoding residual2 / pq<m>."""
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -11,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from commands import run as run_command
 
 from maxsim.compressed import ProductQuantizer, ResidualCodec
 from maxsim.search import Corpus
 from maxsim.search import format as corpus_format
-from maxsim.search.cli import add_index_parser, add_search_parser
 
 ENCODINGS = ["residual2", "residual4", "pq8"]
 D = 32
@@ -444,15 +443,6 @@ def test_from_index_reads_a_plaid_index(tmp_path):
 # ---------------------------------------------------------------------- the index command
 
 
-def _run(argv):
-    parser = argparse.ArgumentParser(prog="maxsim")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_index_parser(sub)
-    add_search_parser(sub)
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
 def test_cli_index_residual2_then_search(tmp_path, capsys):
     g = torch.Generator().manual_seed(11)
     docs = unit_docs(g, n=40)
@@ -463,18 +453,18 @@ def test_cli_index_residual2_then_search(tmp_path, capsys):
     torch.save({"embeddings": more, "ids": list(range(40, 50))}, tmp_path / "more.pt")
     torch.save({"embeddings": queries, "ids": ["q1", "q2", "q3"]}, tmp_path / "queries.pt")
     out = str(tmp_path / "c")
-    assert _run(["index", "--out", out, "--encoding", "residual2", "--num-centroids", "16", "--device", "cpu",
+    assert run_command(["index", "--out", out, "--encoding", "residual2", "--num-centroids", "16", "--device", "cpu",
                  str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy")]) == 0
     assert "training a residual2 codec on" in capsys.readouterr().err
     first = Corpus.load(out)
     assert first.encoding == "residual2" and first.codec.num_centroids == 16
     # float documents appended to the residual corpus are encoded with its codec
-    assert _run(["index", "--out", out, "--append", str(tmp_path / "more.pt"), "--quiet", "--device", "cpu"]) == 0
+    assert run_command(["index", "--out", out, "--append", str(tmp_path / "more.pt"), "--quiet", "--device", "cpu"]) == 0
     corpus = Corpus.load(out)
     assert corpus.encoding == "residual2" and len(corpus) == 50 and len(corpus.segments) == 2
     assert torch.equal(corpus.codec.centroids, first.codec.centroids)
     assert torch.equal(corpus.document(40), Corpus.from_list(more, codec=first.codec).document(0))
-    assert _run(["search", "--corpus", out, "--queries", str(tmp_path / "queries.pt"), "-k", "6",
+    assert run_command(["search", "--corpus", out, "--queries", str(tmp_path / "queries.pt"), "-k", "6",
                  "--out", str(tmp_path / "run.jsonl"), "--no-progress", "--quiet", "--device", "cpu"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     result = type("R", (), {})()
@@ -482,7 +472,7 @@ def test_cli_index_residual2_then_search(tmp_path, capsys):
     result.indices = torch.tensor([r["docids"] for r in rows])  # ids are the positions here
     assert_topk(result, oracle_scores(queries, corpus), 6)
     with pytest.raises(TypeError, match="cannot append residual4 documents to the corpus .* of residual2"):
-        _run(["index", "--out", out, "--append", "--encoding", "residual4", str(tmp_path / "more.pt"), "--quiet"])
+        run_command(["index", "--out", out, "--append", "--encoding", "residual4", str(tmp_path / "more.pt"), "--quiet"])
     capsys.readouterr()
 
 
@@ -492,14 +482,14 @@ def test_cli_encoding_names(tmp_path, capsys):
     args = ["index", "--out", str(tmp_path / "c"), str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy"),
             "--quiet", "--device", "cpu"]
     with pytest.raises(ValueError, match="pq48 needs m=48 to divide d=32: use one of pq1, pq2, pq4, pq8, pq16, pq32"):
-        _run(args + ["--encoding", "pq48"])
+        run_command(args + ["--encoding", "pq48"])
     for bad in ("pq0", "residual3", "int4"):
         with pytest.raises(SystemExit):
-            _run(args + ["--encoding", bad])
+            run_command(args + ["--encoding", bad])
         assert f"invalid choice: '{bad}'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _run(["index", "--help"])
+        run_command(["index", "--help"])
     text = capsys.readouterr().out
     assert "residual2,residual4,pq32" in text and "--encoding residual2" in text
-    assert _run(args + ["--encoding", "int8", "--num-centroids", "4"]) == 2
+    assert run_command(args + ["--encoding", "int8", "--num-centroids", "4"]) == 2
     assert "--num-centroids is for" in capsys.readouterr().err

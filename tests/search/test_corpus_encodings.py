@@ -1,7 +1,6 @@
 """int8 / fp8 corpora: search equals the top-k of maxsim_quantized_varlen's full score matrix, the
 file keeps values and scales, appends keep one encoding, the index command takes --encoding."""
 
-import argparse
 import json
 from pathlib import Path
 
@@ -9,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from commands import run as run_command
 
 from maxsim.compressed.quantized import dequantize_tokens, maxsim_quantized_varlen, quantize_tokens
 from maxsim.tuning import tables
 from placement import place, search_within_budget
 from maxsim.search import Corpus
 from maxsim.search import format as corpus_format
-from maxsim.search.cli import add_index_parser, add_search_parser
 
 ENCODINGS = ["int8", "fp8"]
 # e4m3 holds 448 (its largest) and every integer up to 16 exactly
@@ -250,15 +249,6 @@ def test_interrupted_append_keeps_the_encoded_corpus(tmp_path, monkeypatch):
     assert torch.equal(after.indices, before.indices) and torch.equal(after.scores, before.scores)
 
 
-def _run(argv):
-    parser = argparse.ArgumentParser(prog="maxsim")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_index_parser(sub)
-    add_search_parser(sub)
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
 def test_cli_index_int8_then_search(tmp_path, capsys):
     docs = exact_docs(30, "int8", d=8)
     more = exact_docs(10, "int8", d=8)
@@ -268,13 +258,13 @@ def test_cli_index_int8_then_search(tmp_path, capsys):
     torch.save({"embeddings": more, "ids": list(range(30, 40))}, tmp_path / "more.pt")
     torch.save({"embeddings": queries, "ids": ["q1", "q2", "q3"]}, tmp_path / "queries.pt")
     out = str(tmp_path / "c")
-    assert _run(["index", "--out", out, "--encoding", "int8", str(tmp_path / "docs.npy"),
+    assert run_command(["index", "--out", out, "--encoding", "int8", str(tmp_path / "docs.npy"),
                  "--lengths", str(tmp_path / "lengths.npy"), "--quiet"]) == 0
     # float documents appended to the int8 corpus are quantised like it
-    assert _run(["index", "--out", out, "--append", str(tmp_path / "more.pt"), "--quiet"]) == 0
+    assert run_command(["index", "--out", out, "--append", str(tmp_path / "more.pt"), "--quiet"]) == 0
     corpus = Corpus.load(out)
     assert corpus.encoding == "int8" and len(corpus) == 40
-    assert _run(["search", "--corpus", out, "--queries", str(tmp_path / "queries.pt"), "-k", "6",
+    assert run_command(["search", "--corpus", out, "--queries", str(tmp_path / "queries.pt"), "-k", "6",
                  "--out", str(tmp_path / "run.jsonl"), "--no-progress", "--quiet", "--device", "cpu"]) == 0
     values, order = sorted_topk(full_scores(queries, corpus), 6)
     rows = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
@@ -282,5 +272,5 @@ def test_cli_index_int8_then_search(tmp_path, capsys):
     assert [r["scores"] for r in rows] == values.tolist()
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        _run(["index", "--out", out, "--encoding", "int4", str(tmp_path / "docs.npy")])
+        run_command(["index", "--out", out, "--encoding", "int4", str(tmp_path / "docs.npy")])
     assert "invalid choice: 'int4'" in capsys.readouterr().err

@@ -1,6 +1,5 @@
 """The index and search commands, through parsers built here (the lead wires them into maxsim.cli)."""
 
-import argparse
 import json
 
 import numpy as np
@@ -8,20 +7,7 @@ import pytest
 import torch
 
 import maxsim
-from maxsim.search.cli import add_index_parser, add_search_parser
-
-
-def parse(argv):
-    parser = argparse.ArgumentParser(prog="maxsim")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_index_parser(sub)
-    add_search_parser(sub)
-    return parser.parse_args(argv)
-
-
-def run(argv):
-    args = parse(argv)
-    return args.run(args)
+from commands import parse, run
 
 
 def sorted_topk(full, k):

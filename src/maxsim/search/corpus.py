@@ -307,9 +307,7 @@ class Corpus:
 
     def __init__(self, embeddings, offsets, ids=None, *, encoding: str | None = None, codec=None):
         embeddings = _as_tensor("embeddings", embeddings)
-        encoding = _resolve_encoding(encoding, codec)
-        if encoding is not None and codec is not None and not corpus_format.is_compressed(encoding):
-            raise ValueError(f"maxsim: codec= is for residual and PQ encodings, not {encoding!r}")
+        encoding = _resolve_encoding(encoding, codec)  # a given codec names its (residual / PQ) encoding
         if encoding is None or not embeddings.is_floating_point():  # (an encoding casts any float, fp64 too)
             _check_embeddings("embeddings", embeddings)
         elif embeddings.dim() != 2:
