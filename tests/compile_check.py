@@ -171,7 +171,7 @@ def varlen_variants():
                                                                        DOT_PRECISION="tf32x3"), \
         dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 8
     sc = dict(vc, BM=32, SEG=32, SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False,
-              QDOT=False, BP=16)
+              QDOT=False, BP=16, PQ_SUB=0)
     del sc["SAVE_ARGMAX"]
     sptrs = dict(q_ptr="fp16", d_ptr="fp16", scale_ptr="fp32", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
                  out_ptr="fp32", codes_ptr="fp16", cent_ptr="fp16", w_ptr="fp16")
@@ -186,6 +186,18 @@ def varlen_variants():
         dict(sptrs, q_ptr="u8", d_ptr="u8"), 1
     yield "varlen stream int8 x int8, 32 queries", _maxsim_varlen_stream_kernel, dict(one_byte, BM=128), \
         dict(sptrs, q_ptr="i8", d_ptr="i8"), 4
+    # product-quantised tokens decoded on chip (maxsim/compressed/pq.py), m = 32 sub-spaces of 4
+    yield "pq stream one query", _maxsim_varlen_stream_kernel, dict(sc, BN=64, PQ_SUB=4), dict(sptrs, d_ptr="u8"), 1
+    yield "pq stream 32 queries", _maxsim_varlen_stream_kernel, dict(sc, BM=128, PQ_SUB=4), \
+        dict(sptrs, d_ptr="u8"), 4
+    yield "pq stream fp32 tf32x3", _maxsim_varlen_stream_kernel, \
+        dict(sc, BN=32, BK=64, NUM_K=2, PQ_SUB=4, DOT_PRECISION="tf32x3"), \
+        dict(sptrs, q_ptr="fp32", d_ptr="u8", cent_ptr="fp32"), 4
+    # the residual codec's nearest-centroid assignment (maxsim/compressed/codec.py): 128-point queries
+    yield "codec assignment fp16 argmax", _maxsim_varlen_cross_kernel, dict(vc, SEG=128, SAVE_ARGMAX=True), cptrs, 8
+    yield "codec assignment fp32 tf32x3 argmax", _maxsim_varlen_cross_kernel, \
+        dict(vc, BM=128, BN=32, BK=64, NUM_K=2, SEG=128, SAVE_ARGMAX=True, DOT_PRECISION="tf32x3"), \
+        dict(cptrs, q_ptr="fp32", d_ptr="fp32"), 4
     pptrs = dict(cptrs, pq_ptr="i64", pd_ptr="i64")
     yield "pairs", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128), pptrs, 4
     yield "pairs argmax", _maxsim_pairs_kernel, dict(vc, BM=32, BN=128, SAVE_ARGMAX=True), pptrs, 4
@@ -235,7 +247,7 @@ def compressed_variants():
     by maxsim/compressed/forward.py): one query against 1-, 2-, 4- and 8-bit indexes (d = 128),
     raw (no normalize), int64 codes, many stacked rows, fp32 decode."""
     base = dict(BM=32, BN=64, BK=16, NUM_K=8, SEG=32, EVEN_K=True, SCALED=False, FP8=False, DOT_PRECISION="tf32",
-                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True, QDOT=False, BP=32)
+                DOT_UPCAST=False, CHECK_BLOCK=1024, RESIDUAL=True, NBITS=2, NORMALIZE=True, QDOT=False, BP=32, PQ_SUB=0)
     ptrs = dict(q_ptr="fp16", d_ptr="u8", scale_ptr="fp16", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
                 out_ptr="fp32", codes_ptr="i32", cent_ptr="fp16", w_ptr="fp16")
     for nbits in (1, 2, 4, 8):  # planes of d * nbits / 8 columns (at least 16, the dot's K)
@@ -266,7 +278,8 @@ EXPECT_WGMMA = {
     "fwd TMA ColPali-long", "fwd TMA d=768", "fwd TMA argmax masks+multiply+normalize", "varlen cross", "varlen cross argmax, d=768", "bwd lists one-hot norm=False",
     "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual stream 128 stacked rows",
     "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
-    "varlen cross fp32 tf32x3", "varlen stream int8 x int8, 32 queries",
+    "varlen cross fp32 tf32x3", "varlen stream int8 x int8, 32 queries", "pq stream 32 queries",
+    "codec assignment fp16 argmax",
 }
 
 

@@ -238,3 +238,29 @@ def test_gpu_train_is_reproducible():
     a, b = ResidualCodec.train(x, 2), ResidualCodec.train(x, 2)
     assert a.centroids.is_cuda and torch.equal(a.centroids, b.centroids)
     assert torch.equal(a.bucket_cutoffs, b.bucket_cutoffs) and torch.equal(a.bucket_weights, b.bucket_weights)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_assignment_is_the_argmax_of_the_product(monkeypatch, dtype):
+    """The assignment the codec trains and encodes with on CUDA (the packed MaxSim kernel's argmax;
+    Triton's interpreter here without a GPU) picks the centroid the float64 product picks, wherever
+    the best two differ by more than the inputs' rounding; encode's codes likewise."""
+    from conftest import KERNEL_DEVICE
+
+    from maxsim.compressed import codec as codec_module
+
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+    g = torch.Generator().manual_seed(11)
+    centroids = torch.nn.functional.normalize(torch.randn(300, 64, generator=g), dim=-1)
+    points = torch.nn.functional.normalize(torch.randn(1000, 64, generator=g), dim=-1)  # 8 queries, the last short
+    assert codec_module._fused_assignment(torch.device(KERNEL_DEVICE))
+    got = codec_module._nearest(points.to(KERNEL_DEVICE, dtype), centroids.to(KERNEL_DEVICE)).cpu()
+    exact = points.to(dtype).double() @ centroids.to(dtype).double().T  # [n, C]
+    top2 = exact.topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 1e-3
+    assert clear.float().mean() > 0.5 and got.dtype == torch.int64 and got.shape == (1000,)
+    assert torch.equal(got[clear], exact.argmax(1)[clear])
+    cutoffs = torch.tensor([-0.05, 0.0, 0.05])
+    codec = ResidualCodec(centroids, torch.tensor([-0.08, -0.02, 0.02, 0.08]), 2, bucket_cutoffs=cutoffs)
+    codes, _ = codec.to(KERNEL_DEVICE).encode(points.to(KERNEL_DEVICE), dtype=dtype)
+    assert torch.equal(codes.cpu().long()[clear], exact.argmax(1)[clear])

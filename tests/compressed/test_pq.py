@@ -247,6 +247,41 @@ def test_varlen_scores_match_maxsim_varlen_and_loop(chunk_documents):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_stream_kernel_scores_the_tokens_decoded_in_the_query_dtype(monkeypatch, q_dtype):
+    """The Triton path (Triton's interpreter without a GPU): each token decoded on chip, the
+    codebooks in Q's dtype; equal to maxsim_varlen on pq.decode(codes).to(Q.dtype), masked query
+    tokens left out, empty documents 0; a gradient takes the look-up-table path."""
+    from conftest import KERNEL_DEVICE
+
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+    calls = []
+    real = pq_module._on_chip
+    monkeypatch.setattr(pq_module, "_on_chip", lambda *a: calls.append(1) or real(*a))
+    pq = _random_pq(m=4, sub_dim=8)
+    lengths = [3, 0, 17, 1, 0, 9, 70]
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    codes = _random_codes((int(cu[-1]),), 4)
+    Q = torch.randn(3, 5, 32).to(q_dtype)
+    q_mask = torch.tensor([[1, 1, 0, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    dev = KERNEL_DEVICE
+    got = maxsim_pq_varlen(Q.to(dev), codes.to(dev), cu.to(dev), pq, q_mask=q_mask.to(dev)).cpu()
+    assert got.dtype == torch.float32 and got.shape == (3, len(lengths)) and calls
+    decoded = pq.decode(codes).to(q_dtype).double()  # the tokens as the kernel decodes them
+    q64 = Q.double() * q_mask.unsqueeze(-1)
+    expected = torch.stack([
+        torch.stack([(q64[i] @ decoded[cu[j]:cu[j + 1]].T).amax(1).sum() if lengths[j] else torch.tensor(0.0,
+                     dtype=torch.float64) for j in range(len(lengths))]) for i in range(3)])
+    torch.testing.assert_close(got.double(), expected, atol=1e-4, rtol=1e-5)
+    one = maxsim_pq_varlen(Q[2].to(dev), codes.to(dev), cu.to(dev), pq).cpu()  # a 2-D query: [Nd]
+    torch.testing.assert_close(one, got[2], atol=1e-5, rtol=1e-6)  # summed in another order
+    Q_grad = Q.float().to(dev).requires_grad_(True)
+    calls.clear()
+    maxsim_pq_varlen(Q_grad, codes.to(dev), cu.to(dev), pq).sum().backward()
+    assert Q_grad.grad is not None and calls and len(calls) == 1  # asked, and declined: no gradient on chip
+
+
 def test_two_d_query_and_small_scratch_budget(monkeypatch):
     # a tiny budget splits queries into blocks and documents into many chunks
     monkeypatch.setattr(pq_module, "_SCRATCH_BYTES", 4 * 256 * 3 * 5)
@@ -493,9 +528,11 @@ def test_gpu_train_encode_and_score_real_shapes():
     for num_queries in (1, 32):
         Q = torch.nn.functional.normalize(torch.randn(num_queries, 32, 128, device="cuda"), dim=-1).half()
         expected = maxsim.maxsim(Q.float(), D, None, d_mask)
-        for codes_here in (codes, codes.cpu()):
-            got = maxsim_pq_varlen(Q, codes_here, cu.cuda(), pq)
-            torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)
+        # codes beside Q: the stream kernel, tokens decoded on chip in Q's dtype (fp16 products exact)
+        on_chip = maxsim.maxsim(Q, D.half(), None, d_mask)
+        torch.testing.assert_close(maxsim_pq_varlen(Q, codes, cu.cuda(), pq), on_chip, atol=1e-4, rtol=1e-5)
+        # codes on the CPU: the look-up-table path, in fp32
+        torch.testing.assert_close(maxsim_pq_varlen(Q, codes.cpu(), cu.cuda(), pq), expected, atol=1e-3, rtol=1e-3)
     Q = Q.float().requires_grad_(True)
     maxsim_pq_varlen(Q, codes, cu, pq).sum().backward()
     Q_ref = Q.detach().clone().requires_grad_(True)

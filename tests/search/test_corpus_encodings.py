@@ -132,6 +132,22 @@ def test_triton_backend_scores_the_bytes(monkeypatch):
     assert_topk(result, full_scores(queries, corpus), 6, exact=True)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_a_corrupted_scale_is_refused_once_checked(monkeypatch, backend):
+    # search checks a segment's scales once (not at every call): a negative or NaN one still stops it
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    monkeypatch.setenv("MAXSIM_BACKEND", backend)
+    docs = normalized_docs(10, d=16, longest=5)
+    queries = [F.normalize(torch.randn(3, 16), dim=-1).to(device)]
+    for bad in (-1.0, float("nan")):
+        corpus = Corpus.from_list(docs, encoding="int8").to(device)
+        corpus.segments[0].scales[2] = bad
+        with pytest.raises(ValueError, match="scales must be finite and >= 0"):
+            corpus.search(queries, 3, progress=False)
+        with pytest.raises(ValueError, match="scales must be finite and >= 0"):  # and again: never marked checked
+            corpus.search(queries, 3, progress=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("where", ["pinned", "host", "mmap", "device"])

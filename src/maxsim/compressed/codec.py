@@ -122,8 +122,10 @@ class ResidualCodec:
         (``iterations`` Lloyd steps from a random start) on a random ``sample`` of the tokens
         (default ``256 * C``, fast-plaid's points per centroid), then bucket cutoffs at the
         ``i / 2**nbits`` quantiles of the residuals' values and weights at the buckets' middles.
-        ``centroids [C, d]``: use these and fit the buckets only. The same codec for a seed on any
-        device: cluster sums are fixed-point integer sums, exact in any order.
+        ``centroids [C, d]``: use these and fit the buckets only. The same codec for a seed on the
+        same kind of device (cluster sums are fixed-point integer sums, exact in any order); on CUDA
+        the sample is assigned to centroids with fp16 products (the fused kernel, 4x the fp32 rate),
+        where a near-tie can go the other way than on the CPU.
 
             codec = ResidualCodec.train(tokens, nbits=2)
             codes, residuals = codec.encode(tokens)
@@ -151,9 +153,10 @@ class ResidualCodec:
                                  f"{tuple(centroids.shape) if torch.is_tensor(centroids) else type(centroids).__name__}")
             centroids = centroids.to(x.device, torch.float32)
             points = _sample_rows(x, sample or 256 * centroids.shape[0], generator)
-        residual = (points - centroids[_nearest(points, centroids)]).flatten()
-        if residual.numel() > 1 << 23:  # torch.quantile takes at most 2**24 elements
-            residual = residual[torch.randperm(residual.numel(), generator=generator)[: 1 << 23].to(x.device)]
+        residual = (points - centroids[_nearest(_assignable(points), centroids)]).flatten()
+        if residual.numel() > 1 << 23:  # torch.quantile takes at most 2**24 elements: 2**23 drawn at random
+            # (with replacement: a permutation of 2**17 centroids' 33.5M-point sample would be 4.3G indices)
+            residual = residual[torch.randint(residual.numel(), (1 << 23,), generator=generator).to(x.device)]
         levels = torch.arange(1 << nbits, dtype=torch.float32, device=x.device) / (1 << nbits)
         cutoffs = residual.quantile(levels[1:])
         weights = residual.quantile(levels + 0.5 / (1 << nbits))
@@ -292,13 +295,18 @@ class ResidualCodec:
         cutoffs = self.bucket_cutoffs.float()
         bit_shifts = torch.arange(self.nbits, device=self.device, dtype=torch.int64)  # [nbits]
         byte_weights = (1 << torch.arange(7, -1, -1, device=self.device, dtype=torch.int64))  # [8], MSB first
+        fused = _fused_assignment(self.device)
         budget = _CUDA_CHUNK_BYTES if self.device.type == "cuda" else _CHUNK_BYTES
-        rows = max(1, min(budget // (4 * self.num_centroids), budget // (8 * self.dim * self.nbits)))
+        rows = max(1, budget // (8 * self.dim * self.nbits))  # the bit planes: int64 [n, d, nbits]
+        if not fused:  # and the [C, n] scores
+            rows = max(1, min(rows, budget // (4 * self.num_centroids)))
         for start in range(0, total, rows):
             stop = min(total, start + rows)
             batch = x[start:stop].to(self.device, dtype)  # [n, d]
-            # the same product and reduction as colbert-ai (centroids @ batch.T, max over dim 0)
-            chunk_codes = (centroids @ batch.T).max(dim=0).indices  # [n]
+            if fused:  # the scores never leave the chip: max and argmax fused into the product
+                chunk_codes = _nearest(batch, centroids)  # [n]
+            else:  # the same product and reduction as colbert-ai (centroids @ batch.T, max over dim 0)
+                chunk_codes = (centroids @ batch.T).max(dim=0).indices  # [n]
             residual = batch - centroids[chunk_codes]  # [n, d] in `dtype`
             buckets = torch.bucketize(residual.float(), cutoffs).to(torch.int64)  # [n, d]
             bits = (buckets.unsqueeze(-1) >> bit_shifts) & 1  # [n, d, nbits], bit j LSB first
@@ -319,10 +327,56 @@ def _sample_rows(x, count, generator):
 _ASSIGN_BLOCK = 1 << 26
 
 
+# The fused assignment: points per "query" of the packed MaxSim kernel, and per launch (bounds
+# the argmax buffer and the points' copy in the kernel's dtype).
+_FUSED_QUERY_ROWS = 128
+_FUSED_BLOCK = 1 << 22
+
+
+def _fused_assignment(device) -> bool:
+    """Whether points are assigned on ``device`` by the packed MaxSim kernel with its argmax (the
+    [n, C] scores never written: with 2**17 centroids they are 512 KB a point): on CUDA, and in
+    Triton's interpreter under MAXSIM_BACKEND=triton."""
+    from maxsim._dispatch import backend_for
+
+    return backend_for(torch.device(device)) == "triton"
+
+
+def _assignable(points):
+    """The training sample as :func:`_nearest` assigns it: fp16 for the fused kernel, as it is elsewhere."""
+    return points.half() if _fused_assignment(points.device) else points
+
+
 def _nearest(points, centroids):
-    """Index [n] of each point's highest-scoring centroid, in blocks of points."""
-    step = max(1, _ASSIGN_BLOCK // centroids.shape[0])
-    return torch.cat([(points[i:i + step] @ centroids.T).argmax(dim=1) for i in range(0, points.shape[0], step)])
+    """Index [n] int64 of each point's highest-scoring centroid (the lowest index on ties).
+
+    On CUDA the packed MaxSim kernel with its argmax: the points as queries of
+    ``_FUSED_QUERY_ROWS`` tokens, the centroids as one document; fp32 inputs take the
+    split-precision product (tf32x3, fp32-accurate), 16-bit inputs exact products. Elsewhere
+    ``points @ centroids.T`` and ``argmax``, in blocks of points."""
+    if not _fused_assignment(points.device):
+        step = max(1, _ASSIGN_BLOCK // centroids.shape[0])
+        return torch.cat([(points[i:i + step] @ centroids.T).argmax(dim=1)
+                          for i in range(0, points.shape[0], step)])
+    from maxsim.selection import varlen as select
+    from maxsim.varlen.forward import varlen_forward
+
+    n, count = points.shape[0], centroids.shape[0]
+    dtype = points.dtype if points.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    table = centroids.to(dtype).contiguous()  # [C, d]: one document
+    cu_d = torch.tensor([0, count], dtype=torch.int64, device=points.device)
+    codes = torch.empty(n, dtype=torch.int64, device=points.device)
+    for start in range(0, n, _FUSED_BLOCK):
+        block = points[start:start + _FUSED_BLOCK].to(dtype).contiguous()  # [m, d]
+        m = block.shape[0]
+        num_queries = -(-m // _FUSED_QUERY_ROWS)
+        cu_q = (torch.arange(num_queries + 1, dtype=torch.int64, device=points.device)
+                * _FUSED_QUERY_ROWS).clamp_(max=m)
+        choice = select.forward_choice(block, num_queries, _FUSED_QUERY_ROWS, False, True)
+        _, argmax = varlen_forward(block, table, cu_q, cu_d, _FUSED_QUERY_ROWS, save_argmax=True,
+                                   config=choice.config, max_d=count, precision="tf32x3")  # [Nq, rows]
+        codes[start:start + m] = argmax.reshape(-1)[:m]  # the last query's missing rows come last
+    return codes
 
 
 def _spherical_kmeans(points, count, iterations, generator):
@@ -332,8 +386,9 @@ def _spherical_kmeans(points, count, iterations, generator):
     n = points.shape[0]
     centroids = points[torch.randperm(n, generator=generator)[:count].to(points.device)].clone()
     fixed, _ = fixed_point(points, n, signed=True, return_scale=True)  # [n, d] int64
+    assignable = _assignable(points)
     for _ in range(iterations):
-        assign = _nearest(points, centroids)
+        assign = _nearest(assignable, centroids)
         sums = torch.zeros(count, points.shape[1], dtype=torch.int64, device=points.device).index_add_(0, assign, fixed)
         filled = torch.bincount(assign, minlength=count) > 0
         centroids[filled] = torch.nn.functional.normalize(sums[filled].double(), dim=-1).float()

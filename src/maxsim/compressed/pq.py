@@ -11,9 +11,13 @@ Scoring never decodes the corpus. Per query it builds the look-up table
 so that a query token's similarity to a document token is ``sum_j lut[q, i, j, codes[t, j]]``
 (exactly the dot product with the decoded token, up to fp32 rounding), then takes the max over the
 document's real tokens and sums over query tokens (the exclude rule: padding never wins, masked
-query tokens add nothing, empty documents score 0). This module is the PyTorch implementation: it
-runs on CPU and CUDA tensors alike with ordinary torch ops, a bounded chunk of documents at a time
-(docs/pq.md describes it and the kernel it would become).
+query tokens add nothing, empty documents score 0). That path is PyTorch: it runs on CPU and
+CUDA tensors alike, a bounded chunk of documents at a time, and carries gradients.
+
+Packed documents on the Triton backend (CUDA) without a gradient take the packed stream kernel
+instead (:mod:`maxsim.varlen.stream`): each tile of tokens is decoded on chip (a dimension's code,
+then its centroid's coordinate, from codebooks in Q's dtype held in L1 / L2) and multiplied on
+the tensor cores, with no look-up table in memory (docs/pq.md).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ FORMAT_VERSION = 1
 # Scratch budget of one chunk: the fp32 similarities [Nq * Lq, tokens] of a chunk of documents,
 # a block of look-up tables, one chunk of k-means distances or of encode differences.
 _SCRATCH_BYTES = 64 << 20
+# On a GPU more rows a step: 64 MB is 1,024 tokens of 32 sub-spaces, and each step reads a flag
+# on the host, so the steps, not the work, would set the pace.
+_CUDA_SCRATCH_BYTES = 1 << 30
 # k-means++ seeds on at most this many training points (the Lloyd iterations see them all).
 _SEEDING_POINTS = 16384
 
@@ -157,7 +164,8 @@ class ProductQuantizer:
             raise ValueError("maxsim: x holds NaN or infinite values")
         codebooks = self.codebooks_on(x.device)
         codes = torch.empty(flat.shape[0], self.m, dtype=torch.uint8, device=x.device)
-        rows = max(1, _SCRATCH_BYTES // (4 * NUM_CENTROIDS * 2 * self.m))
+        scratch = _CUDA_SCRATCH_BYTES if x.device.type == "cuda" else _SCRATCH_BYTES
+        rows = max(1, scratch // (4 * NUM_CENTROIDS * 2 * self.m))
         for start in range(0, flat.shape[0], rows):
             chunk = flat[start:start + rows].to(torch.float32)  # [n, m, sub_dim]
             codes[start:start + rows] = _nearest_centroids(chunk, codebooks).to(torch.uint8)
@@ -634,12 +642,46 @@ def maxsim_pq_varlen(Q, codes, cu_seqlens_d, pq, *, q_mask=None, chunk_documents
     int (starts at 0, never decreases, ends at T). Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q);
     empty documents score 0; otherwise as :func:`maxsim_pq` (chunk_documents default: chunks
     whose padded similarities [Nq·Lq, n, longest] stay within 64 MB).
+
+    On the Triton backend (CUDA) without a gradient, uint8 codes on Q's device and no
+    ``chunk_documents``: the packed stream kernel decodes each tile of tokens on chip, the
+    codebooks rounded once to Q's dtype (fp16 / bf16; fp32 stays fp32), and multiplies on the
+    tensor cores: the scores of ``maxsim_varlen(Q, pq.decode(codes).to(Q.dtype))``, exact products
+    and fp32 sums, with no look-up table and no decoded token in memory.
     """
     Q, q_mask, single_query = _prepare_query(Q, pq, q_mask)
     _check_codes(codes, pq.m, "codes", 2)
     _check_codes_device(codes, Q)
     check_chunk_documents(chunk_documents)
     total = codes.shape[0]
+    if chunk_documents is None:
+        out = _on_chip(Q, q_mask, codes, cu_seqlens_d, pq)
+        if out is not None:
+            return out[0] if single_query else out
     cu = check_cu_seqlens(cu_seqlens_d, total)
     layout = _Layout(codes, cu[:-1].clone(), cu[1:] - cu[:-1], None)
     return _run(Q, q_mask, pq, layout, chunk_documents, single_query)
+
+
+def _on_chip(Q, q_mask, codes, cu_seqlens_d, pq):
+    """Scores [Nq, Nd] fp32 from the packed stream kernel's on-chip decode, or None where the
+    look-up-table path scores (no Triton backend, a gradient, codes not uint8 on Q's device)."""
+    from maxsim._dispatch import backend_for
+    from maxsim.search.topk import packed_queries  # (at call time: maxsim.search imports this package)
+    from maxsim.selection import varlen as select_varlen
+    from maxsim.selection.common import device_of, precision_choice
+    from maxsim.varlen.stream import stream_forward
+
+    if backend_for(Q.device) != "triton" or (torch.is_grad_enabled() and Q.requires_grad) \
+            or codes.dtype != torch.uint8 or codes.device != Q.device or Q.shape[1] == 0:
+        return None
+    cu_d = check_cu_seqlens(cu_seqlens_d, codes.shape[0], on_host=False).to(Q.device)
+    q_packed, cu_q, _, max_q = packed_queries(Q, q_mask)  # masked query tokens left out
+    if max_q == 0:
+        return None
+    family = device_of(Q)[1]
+    choice = select_varlen.pq_forward_choice(q_packed, cu_q.numel() - 1, max_q, family)
+    codebooks = pq.codebooks_on(Q.device).to(Q.dtype).contiguous()  # [m, 256, d / m]
+    precision = precision_choice(Q.dtype, "auto", family)[0]
+    return stream_forward(q_packed.contiguous(), codes.contiguous(), cu_q, cu_d, max_q, config=choice.config,
+                          codebooks=codebooks, precision=precision)

@@ -101,7 +101,7 @@ def _check_quantized(values, scales, values_name="values", scales_name="scales")
                          f"{scales.device}")
 
 
-def _check_scale_values(scales, name="scales"):
+def check_scale_values(scales, name="scales"):
     # One read of the scales (on their own device) per scoring call: a negative scale would flip a
     # token's similarities into finite wrong scores.
     if scales.numel() and not bool(((scales >= 0) & torch.isfinite(scales)).all()):
@@ -160,7 +160,7 @@ def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="
     may live elsewhere (host memory) and are copied there a chunk at a time. Differentiable in Q.
     """
     _check_quantized(values, scales)
-    _check_scale_values(scales)
+    check_scale_values(scales)
     if values.dim() != 3:
         raise ValueError(f"maxsim: values must have shape [Nd, Ld, d], got {tuple(values.shape)}")
     num_docs, doc_len, dim = values.shape
@@ -217,6 +217,34 @@ def _packed_queries(Q, q_mask, dim):
     return packed, cu_q, max_q, single_query
 
 
+def _stream_scores(q_packed, max_q: int) -> bool:
+    """Whether the stream kernel scores the bytes for these packed queries (no gradient asked)."""
+    return backend_for(q_packed.device) == "triton" and not _needs_grad(q_packed) and max_q > 0
+
+
+def prepare_queries(q_packed, cu_q, max_q: int, value_dtype: torch.dtype):
+    """Packed queries ``q [Tq, d]`` (``cu_q [Nq + 1]`` on their device) about to score many chunks
+    of one-byte tokens of ``value_dtype`` -> the form :func:`score_checked_tokens` takes (the query
+    bytes, when the selection multiplies bytes, quantised once), or None where the stream kernel
+    does not run (then :func:`maxsim_quantized_varlen` scores)."""
+    if not _stream_scores(q_packed, max_q):
+        return None
+    query_bytes = None
+    if select_varlen.quantize_query(None, device_of(q_packed)[1])[0]:
+        query_bytes = quantize_tokens(q_packed, FORMAT_OF_DTYPE[value_dtype])
+    return q_packed, cu_q, max_q, query_bytes
+
+
+def score_checked_tokens(prepared, values, scales, cu_d, max_d: int | None = None):
+    """Scores ``[Nq, Nd]`` fp32 by the stream kernel of :func:`prepare_queries`'s queries against
+    one-byte tokens whose scales and offsets were already checked (a ``maxsim.Corpus``'s):
+    ``values [T, d]``, ``scales [T]`` and ``cu_d [Nd + 1]`` on the queries' device; ``max_d`` a bound
+    on the documents' lengths (None: none). Nothing is read on the host."""
+    q_packed, cu_q, max_q, query_bytes = prepared
+    return quantized_scores(q_packed, values.contiguous(), scales.to(torch.float32).contiguous(), cu_q, cu_d,
+                            max_q, max_d, query_bytes)
+
+
 def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chunk_documents=None,
                             quantize_query=None):
     """MaxSim of Q against packed quantised documents (the exclude rule).
@@ -236,7 +264,7 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     tokens: none at top-10 (BENCHMARKS.md); scores move by the query's own rounding.
     """
     _check_quantized(values, scales)
-    _check_scale_values(scales)
+    check_scale_values(scales)
     if quantize_query is not None and not isinstance(quantize_query, bool):
         raise TypeError(f"maxsim: quantize_query must be True, False or None, got {quantize_query!r}")
     if values.dim() != 2:
@@ -247,7 +275,7 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     device, dtype = q_packed.device, q_packed.dtype
 
     # The Triton backend (CUDA, or the interpreter when asked) scores the bytes in the stream kernel.
-    fused = backend_for(q_packed.device) == "triton" and not _needs_grad(q_packed) and max_q > 0
+    fused = _stream_scores(q_packed, max_q)
     query_bytes = None
     if fused and select_varlen.quantize_query(quantize_query, device_of(q_packed)[1])[0]:
         query_bytes = quantize_tokens(q_packed, FORMAT_OF_DTYPE[values.dtype])  # once for every chunk
@@ -255,8 +283,7 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
         # The bytes already beside Q: nothing is dequantised, so no scratch to bound. One launch over
         # the whole corpus, the offsets checked where they live (no copy to the host and back).
         cu_d = check_cu_seqlens(cu_seqlens_d, total, on_host=False).to(device)
-        out = quantized_scores(q_packed, values.contiguous(), scales.to(torch.float32).contiguous(), cu_q, cu_d,
-                               max_q, None, query_bytes)
+        out = score_checked_tokens((q_packed, cu_q, max_q, query_bytes), values, scales, cu_d)
         return out[0] if single_query else out
     cu = check_cu_seqlens(cu_seqlens_d, total)
     num_queries, num_docs = cu_q.numel() - 1, cu.numel() - 1

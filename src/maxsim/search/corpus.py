@@ -20,7 +20,7 @@ scores it in place; a host or mapped corpus streams to the GPU under a memory bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -66,6 +66,34 @@ class CorpusSegment:
     mapped: bool = False
     scales: torch.Tensor | None = None
     residuals: torch.Tensor | None = None
+    # A segment never changes once built: what every search would recompute from the offsets
+    # (their copy on the scoring device, the longest document) is computed once.
+    _offsets_on: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _longest: int | None = field(default=None, init=False, repr=False, compare=False)
+    _scales_checked: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def check_scales(self) -> None:
+        """The one-byte scales checked (finite, >= 0) the first time a search reads them, not at
+        every call (a negative or non-finite scale would score finite wrong numbers)."""
+        if self.scales is not None and not self._scales_checked:
+            from maxsim.compressed.quantized import check_scale_values
+
+            check_scale_values(self.scales)
+            self._scales_checked = True
+
+    def offsets_on(self, device: torch.device) -> torch.Tensor:
+        """The offsets as an int64 tensor ``[n + 1]`` on ``device`` (copied there once)."""
+        key = str(torch.device(device))
+        if key not in self._offsets_on:
+            self._offsets_on[key] = torch.from_numpy(self.offsets).to(device)
+        return self._offsets_on[key]
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest document (0 when there is none)."""
+        if self._longest is None:
+            self._longest = int(np.diff(self.offsets).max()) if self.offsets.size > 1 else 0
+        return self._longest
 
     def parts(self) -> tuple[torch.Tensor, ...]:
         """The per-token tensors: ``(embeddings,)``, ``(values, scales)``, ``(codes, residuals)``

@@ -32,6 +32,7 @@ import torch
 
 import maxsim
 from maxsim._progress import progress_bar
+from maxsim.compressed.quantized import prepare_queries
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
                                 packed_queries, score_packed_chunk, score_quantized_chunk)
 
@@ -60,19 +61,22 @@ def choose_device(corpus, Q, device=None) -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def plan_chunks(offsets: np.ndarray, max_tokens: int, max_documents: int) -> list[tuple[int, int]]:
+def plan_chunks(offsets: np.ndarray, max_tokens: int, max_documents: int,
+                longest: int | None = None) -> list[tuple[int, int]]:
     """Split documents ``0 .. len(offsets) - 2`` into contiguous chunks of at most ``max_tokens``
     tokens and ``max_documents`` documents, balanced (about equal token counts) so that no chunk is
-    a small remainder. -> ``[(start, stop), ...]``."""
+    a small remainder. ``longest``: the longest document's tokens, when known.
+    -> ``[(start, stop), ...]``."""
     n = offsets.size - 1
     if n == 0:
         return []
-    lengths = np.diff(offsets)
-    longest = int(lengths.max())
+    longest = int(np.diff(offsets).max()) if longest is None else int(longest)
+    total = int(offsets[-1])
+    if total <= max_tokens and n <= max_documents:  # one chunk (a resident corpus): no pass over the offsets
+        return [(0, n)]
     if longest > max_tokens:
         raise ValueError(f"maxsim: a document of {longest} tokens does not fit the chunk buffer of {max_tokens} "
                          "tokens: raise gpu_memory")
-    total = int(offsets[-1])
     # Equal token targets leave each chunk at most one document over its share.
     room = max(max_tokens - longest, 1)
     count = max(math.ceil(total / room) if total else 1, math.ceil(n / max_documents), 1)
@@ -161,7 +165,11 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
         # maxsim_quantized_varlen takes queries as a list (it packs them itself); the residual and PQ
         # scorers take them padded, with a mask
-        views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])] if quantized else None
+        views = None
+        if quantized:  # the stream kernel's form (query bytes quantised once), else a list of views
+            views = prepare_queries(q[t0:t1], cu_b, max_b, corpus.segments[0].embeddings.dtype)
+            if views is None:
+                views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])]
         if compressed:
             views = _padded_queries(q[t0:t1], cu_b, max_b)
         batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
@@ -170,7 +178,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     max_tokens = plan.max_tokens or max(corpus.num_tokens, 1)
     max_documents = choose_chunk_documents(plan.batch_size, max(len(corpus), 1), k, corpus.num_tokens / max(len(corpus), 1),
                                            device, plan.score_bytes)
-    work = [(s, a, b) for s in corpus.segments for a, b in plan_chunks(s.offsets, max_tokens, max_documents)]
+    work = [(s, a, b) for s in corpus.segments for a, b in plan_chunks(s.offsets, max_tokens, max_documents, s.longest)]
     bar = progress_bar(progress, len(corpus), "maxsim search", "doc")
 
     def score(chunk, segment, start: int, stop: int, token_base: int) -> None:
@@ -178,11 +186,15 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         ``(codes, residuals)`` or ``(codes,)``."""
         for q_b, cu_b, max_b, views, top in batches:
             if quantized:
-                scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base)
+                segment.check_scales()
+                scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base,
+                                               cu_d=segment.offsets_on(device), max_d=segment.longest)
             elif compressed:
-                scores = score_compressed_chunk(views, chunk, codec, segment.offsets, start, stop, token_base)
+                scores = score_compressed_chunk(views, chunk, codec, segment.offsets, start, stop, token_base,
+                                                cu_d=segment.offsets_on(device))
             else:
-                scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base)
+                scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base,
+                                            cu_d=segment.offsets_on(device), max_d=segment.longest)
             top.update(scores, corpus.base_index + segment.first_document + start)
 
     try:
@@ -225,13 +237,13 @@ def _padded_queries(q: torch.Tensor, cu: torch.Tensor, longest: int) -> tuple[to
 
 
 def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: int, stop: int,
-                           token_base: int = 0) -> torch.Tensor:
+                           token_base: int = 0, *, cu_d: torch.Tensor | None = None) -> torch.Tensor:
     """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a residual or PQ corpus:
     ``queries`` ``(Q [Nq, Lq, d], q_mask or None)``; ``chunk`` ``(codes [t], residuals [t, P])``
     (residual) or ``(codes [t, m],)`` (PQ) whose rows ``cu_d_host[start] - token_base ...`` are the
     chunk's tokens; ``codec`` the corpus's ResidualCodec / ProductQuantizer (on the scoring
     device). ``maxsim_residual_varlen`` (normalised decode, as PLAID) or ``maxsim_pq_varlen``
-    scores them."""
+    scores them. ``cu_d``: the offsets on the scoring device (the PQ scorer checks them there)."""
     from maxsim.compressed import ProductQuantizer, maxsim_pq_varlen, maxsim_residual_varlen
 
     Q, q_mask = queries
@@ -240,6 +252,8 @@ def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: 
     cu = torch.from_numpy(offsets)  # [c + 1] on the host: the scorers check (and walk) them there
     rows = slice(t0 - token_base, t1 - token_base)
     if isinstance(codec, ProductQuantizer):
+        if cu_d is not None:
+            cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
         return maxsim_pq_varlen(Q, chunk[0][rows], cu, codec, q_mask=q_mask)  # [Nq, c]
     max_d = int(np.diff(offsets).max()) if stop > start else 0
     return maxsim_residual_varlen(Q, chunk[0][rows], chunk[1][rows], cu, codec, max_seqlen_d=max_d,

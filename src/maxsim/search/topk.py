@@ -187,8 +187,11 @@ def packed_queries(Q, q_mask=None, cu_seqlens_q=None):
             if Q.dim() != 3:
                 raise ValueError(f"maxsim: Q must be [Nq, Lq, d], [Lq, d], packed or a list; got {list(Q.shape)}")
             mask = _bool_mask("q_mask", q_mask, Q.shape[:2], Q.device)
-            if mask is None:
-                mask = torch.ones(Q.shape[:2], dtype=torch.bool, device=Q.device)
+            if mask is None:  # every token real: a view, the offsets known on the host (no device read)
+                n, length = Q.shape[:2]
+                cu_host = np.arange(n + 1, dtype=np.int64) * length
+                return Q.reshape(n * length, Q.shape[2]), torch.from_numpy(cu_host).to(Q.device), cu_host, \
+                    (length if n else 0)
             q, cu, _ = maxsim.padded_to_packed(Q, mask)
     cu_host = cu.cpu().numpy().astype(np.int64)
     _check_offsets("cu_seqlens_q", cu_host, q.shape[0])
@@ -392,9 +395,11 @@ def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, subset=None, chu
     lengths = np.diff(cu_d_host)
     tokens_per_doc = float(lengths.mean()) if Nd else 0.0
     chunk = chunk_documents or choose_chunk_documents(Nq, Nd, k, tokens_per_doc, d.device, scratch_bytes)
+    cu_d = torch.from_numpy(cu_d_host).to(d.device)  # once, not once per chunk
+    max_d = int(lengths.max()) if Nd else 0
 
     def score(start, stop):
-        return score_packed_chunk(q, cu_q, max_q, d, cu_d_host, start, stop)
+        return score_packed_chunk(q, cu_q, max_q, d, cu_d_host, start, stop, cu_d=cu_d, max_d=max_d)
 
     for start in range(0, Nd, _check_chunk(chunk)):
         stop = min(Nd, start + chunk)
@@ -403,30 +408,44 @@ def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, subset=None, chu
 
 
 def score_packed_chunk(q, cu_q, max_q, d, cu_d_host: np.ndarray, start: int, stop: int,
-                       token_base: int = 0) -> torch.Tensor:
+                       token_base: int = 0, *, cu_d: torch.Tensor | None = None,
+                       max_d: int | None = None) -> torch.Tensor:
     """Scores ``[Nq, stop - start]`` of documents ``start:stop`` of a packed corpus whose rows
-    ``cu_d_host[start] - token_base ...`` are in ``d`` (token_base: the first row ``d`` holds)."""
+    ``cu_d_host[start] - token_base ...`` are in ``d`` (token_base: the first row ``d`` holds).
+    ``cu_d``: the same offsets already on d's device, ``max_d``: a bound on the chunk's document
+    lengths; given, the call does no host work proportional to the documents."""
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
-    offsets = cu_d_host[start:stop + 1] - t0  # [c + 1]
-    max_d = int(np.diff(offsets).max()) if stop > start else 0
     chunk = d[t0 - token_base:t1 - token_base]  # [tokens, d] view
-    cu = torch.from_numpy(offsets).to(d.device, non_blocking=True)
+    if cu_d is None:
+        cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0).to(d.device, non_blocking=True)  # [c + 1]
+    else:
+        cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
+    if max_d is None:
+        max_d = int(np.diff(cu_d_host[start:stop + 1]).max()) if stop > start else 0
     return maxsim.maxsim_varlen(q, chunk, cu_q, cu, max_q, max_d)  # [Nq, c]
 
 
 def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start: int, stop: int,
-                          token_base: int = 0) -> torch.Tensor:
-    """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a one-byte corpus:
-    ``queries`` a list of Nq ``[L_i, d]`` float tensors; ``values [t, d]`` int8 / float8_e4m3fn and
-    ``scales [t]`` fp32 whose rows ``cu_d_host[start] - token_base ...`` are the chunk's tokens.
-    ``maxsim_quantized_varlen`` scores them (the stream kernel on the bytes on CUDA without a
-    gradient; dequantised chunks otherwise)."""
-    from maxsim.compressed.quantized import maxsim_quantized_varlen  # (maxsim.search loads first)
+                          token_base: int = 0, *, cu_d: torch.Tensor | None = None,
+                          max_d: int | None = None) -> torch.Tensor:
+    """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a one-byte corpus whose
+    scales were checked: ``queries`` a list of Nq ``[L_i, d]`` float tensors, or the form
+    ``maxsim.compressed.quantized.prepare_queries`` gives for the stream kernel; ``values [t, d]``
+    int8 / float8_e4m3fn and ``scales [t]`` fp32 whose rows ``cu_d_host[start] - token_base ...``
+    are the chunk's tokens. ``cu_d``: the offsets on the values' device, ``max_d`` a bound on the
+    documents' lengths. Prepared queries go to the stream kernel on the bytes with no host read;
+    a list to ``maxsim_quantized_varlen`` (the stream kernel or dequantised chunks)."""
+    from maxsim.compressed.quantized import maxsim_quantized_varlen, score_checked_tokens  # (maxsim.search loads first)
 
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
-    cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0)  # [c + 1] on the host, as it checks them there
-    return maxsim_quantized_varlen(queries, values[t0 - token_base:t1 - token_base],
-                                   scales[t0 - token_base:t1 - token_base], cu)  # [Nq, c]
+    if cu_d is None:
+        cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0)  # [c + 1] on the host, as it checks them there
+    else:
+        cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
+    rows = slice(t0 - token_base, t1 - token_base)
+    if isinstance(queries, tuple):
+        return score_checked_tokens(queries, values[rows], scales[rows], cu.to(values.device), max_d)  # [Nq, c]
+    return maxsim_quantized_varlen(queries, values[rows], scales[rows], cu)  # [Nq, c]
 
 
 def _score_subset_packed(running, q, cu_q, max_q, d, cu_d_host, subset, chunk_documents, scratch_bytes):

@@ -3,6 +3,7 @@ its tile, the backward strategy and its kernel's tiles."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -41,6 +42,15 @@ def _forward_choice(rows: int, dim: int, dtype: torch.dtype, pairs: bool, argmax
     config = clamp(tile_of(rule, f), family, varlen=True)
     why_not = tuple((o.name, o.unsupported(call) or "the stream runs this call") for o in others)
     return Choice(kernel, config, rule.name, rule.record, why_not)
+
+
+def pq_forward_choice(q: torch.Tensor, Nq: int, max_q: int, family: str | None = None) -> Choice:
+    """The stream kernel's tile for product-quantised tokens decoded on chip: the packed tile, with
+    at least 4 warps, as the per-dimension look-ups of a [BN, d] tile spill the registers of fewer
+    (tests/compile_check.py reports them; not yet timed on a GPU)."""
+    choice = forward_choice(q, Nq, max_q, False, False, family)
+    config = dict(choice.config, num_warps=max(4, choice.config["num_warps"]))
+    return dataclasses.replace(choice, config=config, rule=f"{choice.rule}, product-quantised: >= 4 warps")
 
 
 def strategy(backward: str, q: torch.Tensor, d: torch.Tensor, max_q: int) -> str:

@@ -132,8 +132,11 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
                  SCALED: tl.constexpr, FP8: tl.constexpr, INT8_TO_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  DOT_UPCAST: tl.constexpr, RESIDUAL: tl.constexpr, codes_ptr, cent_ptr, w_ptr, num_centroids,
                  packed_dim, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr, b_qscale,
-                 b_planes, BP: tl.constexpr):
+                 b_planes, BP: tl.constexpr, PQ_SUB: tl.constexpr):
     """S [BM, BN] fp32 = Q rows . tokens t0 : t0 + BN (rows past t_hi read as 0), scaled per token.
+    PQ_SUB > 0: product-quantised tokens, d_ptr their codes [Td, dim / PQ_SUB] uint8 and cent_ptr
+    the codebooks [m, 256, PQ_SUB] in Q's dtype: each dimension looked up on chip (code of its
+    sub-space, then that centroid's coordinate; the tables stay in L1 / L2).
     RESIDUAL: the tokens are decoded on chip from their codes and residual bytes (d_ptr), plane by
     plane against the query planes b_planes (a tuple of 8 [BM, BP] tiles, 8 / NBITS of them read).
     QDOT: Q's rows are one-byte too (int8, or e4m3
@@ -147,11 +150,19 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
                                b_planes[6], b_planes[7], d_ptr, codes_ptr, cent_ptr, w_ptr, o_t, m_t, num_centroids,
                                dim, packed_dim, BM, BN, BP, NBITS, NORMALIZE, DOT_PRECISION)
     else:
-        p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
+        if PQ_SUB > 0:
+            p_d = d_ptr + o_t.to(tl.int64)[:, None] * (dim // PQ_SUB)  # [BN, 1]: a token's m codes
+        else:
+            p_d = d_ptr + o_t.to(tl.int64)[:, None] * dim  # [BN, 1]
         o_k = tl.arange(0, BK)
         for kk in tl.static_range(NUM_K):
             o_kk = kk * BK + o_k
-            if EVEN_K:
+            if PQ_SUB > 0:  # dimension f: centroid code[f // s] of sub-space f // s, its coordinate f % s
+                m_d = m_t[:, None] & (o_kk < dim)[None, :]
+                b_code = tl.load(p_d + (o_kk // PQ_SUB)[None, :], mask=m_d, other=0).to(tl.int32)  # [BN, BK]
+                p_cb = cent_ptr + ((o_kk // PQ_SUB)[None, :] * 256 + b_code) * PQ_SUB + (o_kk % PQ_SUB)[None, :]
+                b_d = tl.load(p_cb, mask=m_d, other=0.0)  # [BN, BK] in Q's dtype
+            elif EVEN_K:
                 b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None], other=0)  # [BN, BK]
             else:
                 b_d = tl.load(p_d + o_kk[None, :], mask=m_t[:, None] & (o_kk < dim)[None, :], other=0)
@@ -206,11 +217,13 @@ def _store_score(out_ptr, b_max, keep, ok, j, i_chunk, o_qb, Nq, Nd, QPB: tl.con
 def _maxsim_varlen_stream_kernel(
     q_ptr, d_ptr, scale_ptr, qscale_ptr, cuq_ptr, cud_ptr, out_ptr,  # qscale_ptr: QDOT's [Tq] fp32 row scales
     codes_ptr, cent_ptr, w_ptr,  # RESIDUAL: codes [Td], centroids [C, d] and field weights, in Q's dtype
+    # (PQ_SUB > 0: cent_ptr the codebooks [m, 256, PQ_SUB] in Q's dtype, d_ptr the codes [Td, m])
     Nq, Nd, Tq, Td, dim, n_chunks, docs_per_program, max_q, max_d, num_centroids, packed_dim,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr, SEG: tl.constexpr,
     EVEN_K: tl.constexpr, SCALED: tl.constexpr, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr, CHECK_BLOCK: tl.constexpr,
     RESIDUAL: tl.constexpr, NBITS: tl.constexpr, NORMALIZE: tl.constexpr, QDOT: tl.constexpr, BP: tl.constexpr,
+    PQ_SUB: tl.constexpr,
 ):
     """Every packed query against every packed document. out fp32 [n_chunks, Nq, Nd] (partial sums
     per query chunk). A score whose query or document is invalid (see seq_range) is NaN."""
@@ -269,7 +282,7 @@ def _maxsim_varlen_stream_kernel(
             b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
                                cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale,
-                               b_planes, BP)  # [BM, BN]
+                               b_planes, BP, PQ_SUB)  # [BM, BN]
             while (j < j_hi) & (hi <= t1):  # every document that ends in this tile
                 hi_next = tl.load(cud_ptr + j + 2, mask=j + 1 < j_hi, other=0)  # in flight during the max
                 b_max = max_nan(_range_max(b_s, t0, lo, hi, BN), b_carry)
@@ -293,7 +306,7 @@ def _maxsim_varlen_stream_kernel(
                 b_s = _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, d_hi, dim, Q_DTYPE, BM, BN, BK, NUM_K,
                                    EVEN_K, SCALED, FP8, INT8_TO_FP16, DOT_PRECISION, DOT_UPCAST, RESIDUAL, codes_ptr,
                                    cent_ptr, w_ptr, num_centroids, packed_dim, NBITS, NORMALIZE, QDOT, b_qscale,
-                                   b_planes, BP)
+                                   b_planes, BP, PQ_SUB)
                 b_max = max_nan(b_max, _range_max(b_s, t0, d_lo, d_hi, BN))
             _store_score(out_ptr, b_max, m_row & (d_hi > d_lo), b_qok & d_ok, j, i_chunk, o_qb, Nq, Nd, QPB, SEG)
 
@@ -309,6 +322,7 @@ def stream_forward(
     scales: torch.Tensor | None = None,
     query_scales: torch.Tensor | None = None,
     residual: tuple | None = None,
+    codebooks: torch.Tensor | None = None,
     max_d: int | None = None,
     precision: str = "ieee",
 ) -> torch.Tensor:
@@ -326,6 +340,9 @@ def stream_forward(
     normalize)``, the tables in q's dtype (:func:`maxsim.compressed.forward.decode_tables`), q and
     the centroids in plane order (:func:`maxsim.compressed.forward.to_planes`): each token decoded
     on chip as the codec decodes it (a code outside [0, C) makes its document NaN).
+    ``codebooks``: product-quantised tokens instead: d is their codes ``[Td, m]`` uint8 and
+    ``codebooks [m, 256, dim / m]`` in q's dtype, contiguous: each token decoded on chip (its
+    coordinates looked up) and scored as the decoded token would be.
     ``config``: BM, BN, BK, num_warps, num_stages, waves (``maxsim.selection.varlen``).
     """
     Nq, Nd = cu_q.numel() - 1, cu_d.numel() - 1
@@ -336,8 +353,11 @@ def stream_forward(
         tables = (codes, centroids, weights)
         residual_ints = (centroids.shape[0], d.shape[1])
         config = dict(config, BK=16)  # (the query is read as planes instead)
+    elif codebooks is not None:
+        tables, residual_ints, nbits, normalize = (q, codebooks, q), (0, 0), 1, False
     else:
         tables, residual_ints, nbits, normalize = (q, q, q), (0, 0), 1, False
+    pq_sub = codebooks.shape[2] if codebooks is not None else 0
     if query_scales is not None:  # the one-byte tensor-core dot takes K >= 32 (masked past dim)
         config = dict(config, BK=max(32, config["BK"]))
     interpret = interpreting()
@@ -364,7 +384,7 @@ def stream_forward(
         DOT_UPCAST=interpret and (q.dtype == torch.bfloat16 or query_scales is not None),
         CHECK_BLOCK=_CHECK_BLOCK if not interpret else 16,
         RESIDUAL=residual is not None, NBITS=nbits, NORMALIZE=normalize, QDOT=query_scales is not None,
-        BP=max(16, next_pow2(residual_ints[1])),
+        BP=max(16, next_pow2(residual_ints[1])), PQ_SUB=pq_sub,
     )
     launch(_maxsim_varlen_stream_kernel, (n_mblocks * -(-Nd // docs_per_program),), args, constexprs,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
