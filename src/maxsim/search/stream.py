@@ -191,7 +191,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
                                                cu_d=segment.offsets_on(device), max_d=segment.longest)
             elif compressed:
                 scores = score_compressed_chunk(views, chunk, codec, segment.offsets, start, stop, token_base,
-                                                cu_d=segment.offsets_on(device))
+                                                cu_d=segment.offsets_on(device), max_d=segment.longest)
             else:
                 scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base,
                                             cu_d=segment.offsets_on(device), max_d=segment.longest)
@@ -237,25 +237,28 @@ def _padded_queries(q: torch.Tensor, cu: torch.Tensor, longest: int) -> tuple[to
 
 
 def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: int, stop: int,
-                           token_base: int = 0, *, cu_d: torch.Tensor | None = None) -> torch.Tensor:
+                           token_base: int = 0, *, cu_d: torch.Tensor | None = None,
+                           max_d: int | None = None) -> torch.Tensor:
     """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a residual or PQ corpus:
     ``queries`` ``(Q [Nq, Lq, d], q_mask or None)``; ``chunk`` ``(codes [t], residuals [t, P])``
     (residual) or ``(codes [t, m],)`` (PQ) whose rows ``cu_d_host[start] - token_base ...`` are the
     chunk's tokens; ``codec`` the corpus's ResidualCodec / ProductQuantizer (on the scoring
     device). ``maxsim_residual_varlen`` (normalised decode, as PLAID) or ``maxsim_pq_varlen``
-    scores them. ``cu_d``: the offsets on the scoring device (the PQ scorer checks them there)."""
+    scores them. ``cu_d``: the offsets on the scoring device (the scorers check them there, no
+    copy a call), ``max_d`` a bound on the documents' lengths."""
     from maxsim.compressed import ProductQuantizer, maxsim_pq_varlen, maxsim_residual_varlen
 
     Q, q_mask = queries
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
-    offsets = cu_d_host[start:stop + 1] - t0
-    cu = torch.from_numpy(offsets)  # [c + 1] on the host: the scorers check (and walk) them there
+    if cu_d is None:
+        cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0)  # [c + 1] on the host
+    else:
+        cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
     rows = slice(t0 - token_base, t1 - token_base)
     if isinstance(codec, ProductQuantizer):
-        if cu_d is not None:
-            cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
         return maxsim_pq_varlen(Q, chunk[0][rows], cu, codec, q_mask=q_mask)  # [Nq, c]
-    max_d = int(np.diff(offsets).max()) if stop > start else 0
+    if max_d is None:
+        max_d = int(np.diff(cu_d_host[start:stop + 1]).max()) if stop > start else 0
     return maxsim_residual_varlen(Q, chunk[0][rows], chunk[1][rows], cu, codec, max_seqlen_d=max_d,
                                   q_mask=q_mask)  # [Nq, c]
 
