@@ -16,8 +16,9 @@ NAMES = {"maxsim_inbatch", "maxsim_kd"}
 
 
 @pytest.fixture(autouse=True)
-def _torch_backend_and_unpatched(monkeypatch):
-    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")  # colpali's own einsum path
+def _auto_backend_and_unpatched(monkeypatch):
+    # auto: maxsim for the drop-in; colpali's own functions take their einsum path on CPU tensors
+    monkeypatch.delenv("COLPALI_SCORES_BACKEND", raising=False)
     mc.unpatch()
     yield
     mc.unpatch()
@@ -49,6 +50,19 @@ def test_inbatch_and_kd(dtype):
         mc.maxsim_kd(Q, D)
     with pytest.raises(TypeError, match="query"):
         mc.maxsim_inbatch(Q.tolist(), D)
+
+
+def test_the_backend_variable_keeps_its_meaning(monkeypatch):
+    calls = []
+    monkeypatch.setattr(mc.maxsim, "maxsim", lambda *a, **k: calls.append(1) or torch.zeros(0))
+    Q, D = torch.randn(2, 3, 8), torch.randn(4, 5, 8)
+    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")  # colpali's own path, not maxsim
+    assert torch.equal(mc.maxsim_inbatch(Q, D), colpali_maxsim.maxsim_inbatch(Q, D)) and not calls
+    assert torch.equal(mc.score_multi_vector(list(Q), list(D), device="cpu"),
+                       _processor_base().score_multi_vector(list(Q), list(D), device="cpu")) and not calls
+    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "tensorrt")
+    with pytest.raises(ValueError, match="COLPALI_SCORES_BACKEND"):
+        mc.maxsim_kd(Q, D[None])
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 128])

@@ -6,6 +6,7 @@ Nothing here imports an optional library; the integration modules pass their lib
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import types
 
@@ -15,6 +16,34 @@ import maxsim
 
 # The dtypes the kernels take; anything else (float64, integers) is scored in float32.
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Libraries whose version was already warned about (once per process).
+_WARNED: set[str] = set()
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """"1.6.0", "0.3.18.post1", "6.2.0rc1" -> (1, 6, 0), (0, 3, 18), (6, 2, 0): the numeric release."""
+    release = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in release.group(0).split(".")) if release else ()
+
+
+def require_library(distribution: str, extra: str, tested: tuple[str, str]) -> None:
+    """Before ``patch()`` imports ``distribution``: not installed -> an ImportError that names the
+    install command; installed outside ``tested = (lowest, below)`` -> one warning naming the tested
+    versions (the patch goes on: a newer release usually keeps the scoring functions)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        raise ModuleNotFoundError(f"maxsim: patch() needs {distribution}, which is not installed: "
+                                  f'pip install "maxsim[{extra}]"') from None
+    lowest, below = tested
+    if not _version_tuple(lowest) <= _version_tuple(version) < _version_tuple(below) and distribution not in _WARNED:
+        _WARNED.add(distribution)
+        import warnings
+
+        warnings.warn(f"maxsim: {distribution} {version} is outside the versions its drop-in was tested with "
+                      f"(>= {lowest}, < {below}); scores and patching may differ", stacklevel=3)
 
 
 class PatchSet:
@@ -106,6 +135,17 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     for tensor in tensors[1:]:
         dtype = torch.promote_types(dtype, tensor.dtype)
     return dtype if dtype in KERNEL_DTYPES else torch.float32
+
+
+def scores_dtype(torch_path: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of the library's own scores where they would be computed: on CUDA its kernel
+    backends' (flash-maxsim, late-interaction-kernels: fp32, whatever the inputs' 16-bit dtype;
+    float64 takes its torch path and stays float64), elsewhere its torch path's einsum dtype
+    ``torch_path`` (16-bit inputs give 16-bit scores on the CPU, as the libraries' own CPU tests
+    expect). maxsim accumulates in fp32 either way."""
+    if torch.device(device).type == "cuda" and torch_path != torch.float64:
+        return torch.float32
+    return torch_path
 
 
 def as_compute(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

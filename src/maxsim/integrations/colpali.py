@@ -5,11 +5,15 @@
     maxsim_colpali.patch()      # processor.score, score_multi_vector, the Colbert* losses run maxsim
     maxsim_colpali.unpatch()
 
+``COLPALI_SCORES_BACKEND`` keeps its meaning: ``auto`` (the default) runs maxsim, ``torch`` and
+``lik`` run colpali's own path of that name (read at each call, as colpali reads it).
+
 colpali has no masks: padding is zero rows, and a zero row takes part in the max like any other
 token (its similarity is 0). The functions below keep exactly that:
 
-- ``maxsim_inbatch`` / ``maxsim_kd``: every row of the padded tensors is a token; the result has
-  the dtype colpali's einsum gives (the inputs' dtype), accumulated in fp32;
+- ``maxsim_inbatch`` / ``maxsim_kd``: every row of the padded tensors is a token; accumulated in
+  fp32, returned in the dtype colpali's own path gives where it runs: fp32 on CUDA (its
+  late-interaction-kernels backend's, for 16-bit inputs too), the einsum's (the inputs') elsewhere;
 - ``score_multi_vector``: colpali pads each chunk of ``batch_size`` passages to that chunk's
   longest, so a passage shorter than its chunk's longest also "contains" zero tokens, and its
   score depends on the chunking. This is reproduced exactly, in one maxsim call per group of
@@ -20,16 +24,47 @@ token (its similarity is 0). The functions below keep exactly that:
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import maxsim
-from maxsim.integrations._common import PatchSet, as_compute, compute_dtype, rebind_everywhere
+from maxsim.integrations._common import (PatchSet, as_compute, compute_dtype, rebind_everywhere, require_library,
+                                         scores_dtype)
 
 __all__ = ["score_multi_vector", "maxsim_inbatch", "maxsim_kd", "patch", "unpatch"]
 
 _PATCHES = PatchSet()
+# The colpali-engine releases this drop-in was tested with: (lowest, below); patch() warns outside them.
+TESTED_VERSIONS = ("0.3.18", "0.4")
 # Upper bound on the padded passages handed to one maxsim call (elements), to bound memory.
 _GROUP_ELEMENTS = 1 << 28
+_BACKENDS = ("auto", "torch", "lik")
+# colpali's own functions, saved by patch(): COLPALI_SCORES_BACKEND=torch / lik delegates to them.
+_ORIGINALS: dict[str, object] = {}
+
+
+def _library_backend() -> str:
+    """``COLPALI_SCORES_BACKEND``, read at each call as colpali reads it: ``auto`` (or unset) runs
+    maxsim; ``torch`` and ``lik`` run colpali's own path of that name, unpatched."""
+    backend = os.environ.get("COLPALI_SCORES_BACKEND", "auto").lower()
+    if backend not in _BACKENDS:
+        raise ValueError(f"COLPALI_SCORES_BACKEND must be one of {_BACKENDS}, got {backend!r}.")
+    return backend
+
+
+def _colpali_function(name: str):
+    """colpali's own (unpatched) ``name``: a function of ``colpali_engine.utils.maxsim``, or
+    ``score_multi_vector``."""
+    if name in _ORIGINALS:
+        return _ORIGINALS[name]
+    if name == "score_multi_vector":
+        from colpali_engine.utils.processing_utils import BaseVisualRetrieverProcessor
+
+        return BaseVisualRetrieverProcessor.score_multi_vector
+    from colpali_engine.utils import maxsim as colpali_maxsim
+
+    return getattr(colpali_maxsim, name)
 
 
 def _check(tensor, ndim: int, name: str, layout: str) -> None:
@@ -42,21 +77,25 @@ def _check(tensor, ndim: int, name: str, layout: str) -> None:
 def maxsim_inbatch(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
     """``colpali_engine.utils.maxsim.maxsim_inbatch``: zero-padded ``query [B_q, L_q, d]`` x
     ``doc [B_d, L_d, d]`` -> ``[B_q, B_d]`` (every row a token: padding scores 0 in the max)."""
+    if _library_backend() != "auto":
+        return _colpali_function("maxsim_inbatch")(query, doc)
     _check(query, 3, "query", "[B_q, L_q, d]")
     _check(doc, 3, "doc", "[B_d, L_d, d]")
     dtype = compute_dtype(query, doc)
     scores = maxsim.maxsim(as_compute(query, dtype), as_compute(doc, dtype))  # [B_q, B_d] fp32
-    return scores.to(torch.promote_types(query.dtype, doc.dtype))
+    return scores.to(scores_dtype(torch.promote_types(query.dtype, doc.dtype), query.device))
 
 
 def maxsim_kd(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
     """``colpali_engine.utils.maxsim.maxsim_kd``: ``query [B, L_q, d]`` x each query's candidates
     ``doc [B, N, L_d, d]`` -> ``[B, N]``."""
+    if _library_backend() != "auto":
+        return _colpali_function("maxsim_kd")(query, doc)
     _check(query, 3, "query", "[B, L_q, d]")
     _check(doc, 4, "doc", "[B, N, L_d, d]")
     dtype = compute_dtype(query, doc)
     scores = maxsim.maxsim(as_compute(query, dtype), as_compute(doc, dtype))  # [B, N] fp32
-    return scores.to(torch.promote_types(query.dtype, doc.dtype))
+    return scores.to(scores_dtype(torch.promote_types(query.dtype, doc.dtype), query.device))
 
 
 def _default_device() -> str:
@@ -87,6 +126,8 @@ def score_multi_vector(
     of ``[L_i, d]`` tensors, or padded ``[N, L, d]`` tensors) -> ``[len(qs), len(ps)]`` fp32 on the
     CPU, with colpali's per-chunk zero padding (see the module docstring). ``device`` None: cuda,
     else mps, else cpu."""
+    if _library_backend() != "auto":
+        return _colpali_function("score_multi_vector")(qs, ps, batch_size=batch_size, device=device)
     device = device or _default_device()
     if len(qs) == 0:
         raise ValueError("No queries provided")
@@ -132,10 +173,13 @@ def patch() -> None:
     every original object."""
     if _PATCHES.active:
         return
+    require_library("colpali-engine", "colpali", TESTED_VERSIONS)
     from colpali_engine.loss import late_interaction_losses  # noqa: F401  (binds the functions at import)
     from colpali_engine.utils import maxsim as colpali_maxsim
     from colpali_engine.utils import processing_utils
 
+    _ORIGINALS.update(maxsim_inbatch=colpali_maxsim.maxsim_inbatch, maxsim_kd=colpali_maxsim.maxsim_kd,
+                      score_multi_vector=processing_utils.BaseVisualRetrieverProcessor.score_multi_vector)
     replacements = {
         colpali_maxsim.maxsim_inbatch: maxsim_inbatch,
         colpali_maxsim.maxsim_kd: maxsim_kd,

@@ -10,8 +10,10 @@ The functions below have ``pylate.scores``' signatures and semantics:
   max (``mask_mode="multiply"``); masks are bool, or int / float holding 0 and 1.
 - Inputs may be tensors, numpy arrays or lists (as ``pylate.utils.convert_to_tensor`` takes them);
   float64 and integer inputs are scored in fp32.
-- The result has the dtype PyLate's einsum would give (the embeddings' dtype promoted with any
-  floating mask's), on the inputs' device; accumulation is fp32 whatever that dtype.
+- The result has the dtype PyLate's own scores have where they are computed: on CUDA its kernel
+  backends' fp32 (for fp16 / bf16 inputs too; float64 stays float64), elsewhere its einsum's (the
+  embeddings' dtype promoted with any floating mask's); on the inputs' device. Accumulation is
+  fp32 whatever that dtype.
 - ``backend``: ``None`` (then ``PYLATE_SCORES_BACKEND``) or ``"auto"`` run maxsim; ``"torch"``,
   ``"flash"`` and ``"lik"`` run PyLate's own backend of that name, unpatched.
 
@@ -29,7 +31,8 @@ import numpy as np
 import torch
 
 import maxsim
-from maxsim.integrations._common import PatchSet, as_compute, compute_dtype, rebind_everywhere, score_ragged_pairs
+from maxsim.integrations._common import (PatchSet, as_compute, compute_dtype, rebind_everywhere, require_library,
+                                         score_ragged_pairs, scores_dtype)
 
 __all__ = [
     "colbert_scores",
@@ -42,6 +45,8 @@ __all__ = [
 
 _BACKENDS = ("auto", "torch", "flash", "lik")
 _PATCHES = PatchSet()
+# The pylate releases this drop-in was tested with: (lowest, below); patch() warns outside them.
+TESTED_VERSIONS = ("1.6", "1.7")
 # PyLate's own functions, saved by patch(): a non-auto backend delegates to them.
 _ORIGINALS: dict[str, object] = {}
 
@@ -106,7 +111,8 @@ def _score(queries, documents, queries_mask, documents_mask, doc_layout: str) ->
     _check_ndim(q, 3, "queries_embeddings", "[Nq, Lq, d]")
     _check_ndim(d, 4 if doc_layout == "candidates" else 3, "documents_embeddings",
                 "[Nq, K, Ld, d]" if doc_layout == "candidates" else "[Nd, Ld, d]")
-    out_dtype = _result_dtype(torch.empty(0, dtype=torch.promote_types(q.dtype, d.dtype)), q_mask, d_mask)
+    out_dtype = scores_dtype(_result_dtype(torch.empty(0, dtype=torch.promote_types(q.dtype, d.dtype)), q_mask,
+                                           d_mask), q.device)
     dtype = compute_dtype(q, d)
     scores = maxsim.maxsim(as_compute(q, dtype), as_compute(d, dtype), q_mask, d_mask, mask_mode="multiply")
     return scores if scores.dtype == out_dtype else scores.to(out_dtype)
@@ -169,7 +175,8 @@ def colbert_scores_pairwise(
     if isinstance(queries_embeddings, torch.Tensor) and isinstance(documents_embeddings, torch.Tensor):
         _check_ndim(queries_embeddings, 3, "queries_embeddings", "[B, Lq, d] (or a list of [Lq_i, d])")
         _check_ndim(documents_embeddings, 3, "documents_embeddings", "[B, Ld, d] (or a list of [Ld_i, d])")
-        out_dtype = torch.promote_types(queries_embeddings.dtype, documents_embeddings.dtype)
+        out_dtype = scores_dtype(torch.promote_types(queries_embeddings.dtype, documents_embeddings.dtype),
+                                 queries_embeddings.device)
         dtype = compute_dtype(queries_embeddings, documents_embeddings)
         # One candidate per query: D [B, 1, Ld, d] -> [B, 1].
         candidates = as_compute(documents_embeddings, dtype).unsqueeze(1)  # [B, 1, Ld, d]
@@ -182,7 +189,7 @@ def colbert_scores_pairwise(
     for i, (q, d) in enumerate(zip(queries, documents)):
         _check_ndim(q, 2, f"queries_embeddings[{i}]", "[Lq_i, d]")
         _check_ndim(d, 2, f"documents_embeddings[{i}]", "[Ld_i, d]")
-    out_dtype = torch.promote_types(queries[0].dtype, documents[0].dtype)
+    out_dtype = scores_dtype(torch.promote_types(queries[0].dtype, documents[0].dtype), queries[0].device)
     dtype = compute_dtype(*queries, *documents)
     scores = score_ragged_pairs([as_compute(q, dtype) for q in queries], [as_compute(d, dtype) for d in documents])
     return scores.to(out_dtype)
@@ -238,6 +245,7 @@ def patch() -> None:
     again does nothing; ``unpatch()`` restores every original object."""
     if _PATCHES.active:
         return
+    require_library("pylate", "pylate", TESTED_VERSIONS)
     import importlib
 
     from pylate.scores import colbert as pylate_colbert

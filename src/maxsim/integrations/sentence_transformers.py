@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import maxsim
-from maxsim.integrations._common import PatchSet, as_compute, compute_dtype, rebind_everywhere
+from maxsim.integrations._common import PatchSet, as_compute, compute_dtype, rebind_everywhere, require_library
 
 __all__ = [
     "maxsim",
@@ -45,6 +45,8 @@ EMPTY_DOCUMENT_SCORE = -1e9
 
 _maxsim = maxsim.maxsim  # the name `maxsim` below is this module's drop-in
 _PATCHES = PatchSet()
+# The sentence-transformers releases this drop-in was tested with: (lowest, below); patch() warns outside them.
+TESTED_VERSIONS = ("6.0", "7.0")
 
 
 def _to_tensor(x, name: str) -> torch.Tensor:
@@ -302,6 +304,7 @@ def patch() -> None:
     Calling it again does nothing; ``unpatch()`` restores every original object."""
     if _PATCHES.active:
         return
+    require_library("sentence-transformers", "sentence-transformers", TESTED_VERSIONS)
     import importlib
 
     from sentence_transformers.multi_vector_encoder import scoring
