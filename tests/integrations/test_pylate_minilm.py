@@ -92,3 +92,56 @@ def test_training_step(model, loss_name):
     actual_loss, actual_grads = step()
     torch.testing.assert_close(actual_loss, expected_loss, atol=1e-5, rtol=1e-5)
     assert_grads_close(actual_grads, expected_grads, tolerance=1e-4)
+
+
+def test_workflow_train_encode_and_search_a_corpus():
+    """A user's whole flow at toy size: a few Contrastive steps with patch(), the trained model
+    encodes a corpus, ``maxsim.Corpus`` searches it; every step against unpatched PyLate from the
+    same start (the same weights after training, the same top-10 as PyLate's exhaustive rerank).
+    (PyLate's PLAID index needs fast-plaid, which has no build for this torch: not here.)"""
+    from pylate import losses, models, rank
+
+    import maxsim
+
+    documents, queries = lee_corpus(40)
+
+    def trained(patched: bool):
+        torch.manual_seed(0)
+        colbert = models.ColBERT(model_name_or_path=minilm_dir(), device="cpu", document_length=64)
+        colbert.eval()  # no dropout: both runs see the same activations
+        optimizer = torch.optim.SGD(colbert.parameters(), lr=1e-3)
+        if patched:
+            mp.patch()
+        try:
+            loss = losses.Contrastive(model=colbert)
+            for step in range(3):
+                pick = slice(4 * step, 4 * step + 4)
+                features = [colbert.tokenize(queries[pick], is_query=True),
+                            colbert.tokenize(documents[pick], is_query=False, pad=True),
+                            colbert.tokenize(documents[20 + 4 * step:24 + 4 * step], is_query=False, pad=True)]
+                optimizer.zero_grad()
+                loss(features, None).backward()
+                optimizer.step()
+        finally:
+            mp.unpatch()
+        return colbert
+
+    ours, theirs = trained(True), trained(False)
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+    document_embeddings = ours.encode(documents, is_query=False, convert_to_tensor=False)
+    query_embeddings = ours.encode(queries[:8], is_query=True)
+    corpus = maxsim.Corpus.from_list([torch.as_tensor(d) for d in document_embeddings],
+                                     ids=[f"doc-{j}" for j in range(len(documents))])
+    result = corpus.search([torch.as_tensor(q) for q in query_embeddings], 10, progress=False)
+    # PyLate, unpatched, exhaustively: every document reranked for every query
+    expected = rank.rerank([list(range(len(documents)))] * 8, query_embeddings, [document_embeddings] * 8)
+    for q in range(8):
+        want = [r["id"] for r in expected[q][:10]]
+        got = result.indices[q].tolist()
+        # the same documents in the same order, except where PyLate's own scores tie within rounding
+        scores = {r["id"]: r["score"] for r in expected[q]}
+        assert all(g == w or abs(scores[g] - scores[w]) < 1e-4 for g, w in zip(got, want)), (q, got, want)
+        assert result.ids[q][0] == f"doc-{got[0]}"
+    assert sum(q in result.indices[q, :3].tolist() for q in range(8)) >= 5  # queries find their article
