@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -10,7 +11,7 @@ def _info() -> int:
     import torch
 
     import maxsim
-    from maxsim._dispatch import backend_for
+    from maxsim._dispatch import backend_for, pytorch_backend
 
     print(f"maxsim {maxsim.__version__}")
     print(f"torch {torch.__version__}")
@@ -26,7 +27,10 @@ def _info() -> int:
         print(f"backend for CUDA tensors: {backend_for(torch.device('cuda'))}")
     else:
         print("GPU: none")
-    print(f"backend for CPU tensors: {backend_for(torch.device('cpu'))}")
+    cpu = backend_for(torch.device("cpu"))
+    if cpu == "reference":  # the PyTorch side: maxsim.cpu's blocked GEMMs unless MAXSIM_BACKEND=reference
+        cpu = pytorch_backend()
+    print(f"backend for CPU tensors: {cpu}")
     return 0
 
 
@@ -54,7 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a user's input can raise: shown as one line naming the problem (the library's messages name
+# the fix), never a traceback. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command -> its exit code: 0, 2 for a mistake in the input (one line on stderr; set
+    MAXSIM_DEBUG=1 for the traceback), 130 when interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     opts = parser.parse_args(argv)
@@ -62,7 +73,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     opts.command_line = argv  # recorded by commands that write result files
-    return opts.run(opts)
+    try:
+        return opts.run(opts)
+    except KeyboardInterrupt:
+        print(f"maxsim {opts.command}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        if os.environ.get("MAXSIM_DEBUG"):
+            raise
+        print(f"maxsim {opts.command}: {one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line: its message without the library's "maxsim: " prefix (a missing
+    file: its name)."""
+    if isinstance(err, OSError) and err.filename is not None and not str(err).startswith("maxsim"):
+        text = f"{err.strerror or type(err).__name__}: {err.filename}"
+    else:
+        text = str(err) or type(err).__name__
+    text = " ".join(text.split())
+    return text[len("maxsim: "):] if text.startswith("maxsim: ") else text
 
 
 if __name__ == "__main__":

@@ -61,8 +61,7 @@ def test_padded_npy_safetensors_and_errors(tmp_path):
     corpus = Corpus.load(tmp_path / "c")
     assert corpus.dtype == torch.float16 and corpus.num_tokens == int(lengths.sum())
     assert torch.equal(corpus.document(2), D[2, :3].half())
-    with pytest.raises(FileExistsError):
-        run(["index", "--out", str(tmp_path / "c"), str(tmp_path / "padded.npy"), "--quiet"])
+    assert run(["index", "--out", str(tmp_path / "c"), str(tmp_path / "padded.npy"), "--quiet"]) == 2  # exists
     np.save(tmp_path / "packed.npy", np.zeros((7, 4), np.float32))
     with pytest.raises(ValueError, match="--lengths"):
         run(["index", "--out", str(tmp_path / "d"), str(tmp_path / "packed.npy")])
@@ -96,3 +95,67 @@ def test_help_has_an_example(capsys):
     with pytest.raises(SystemExit):
         parse(["index", "--help"])
     assert "python -m maxsim index" in capsys.readouterr().out
+
+
+def test_a_users_mistakes_are_one_line_naming_the_fix(tmp_path, capsys, monkeypatch):
+    """``python -m maxsim`` as a new user meets it: each mistake exits 2 with one line on stderr that
+    names the problem (and the option that fixes it), no traceback; a NaN never becomes a ranking."""
+    from maxsim.cli import main
+
+    monkeypatch.delenv("MAXSIM_DEBUG", raising=False)
+    docs = [torch.nn.functional.normalize(torch.randn(int(n), 8), dim=-1) for n in torch.randint(1, 6, (30,))]
+    np.save(tmp_path / "docs.npy", torch.cat(docs).numpy())
+    np.save(tmp_path / "lengths.npy", np.array([x.shape[0] for x in docs]))
+    corpus = str(tmp_path / "c")
+    assert main(["index", "--out", corpus, str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy"),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    queries = [torch.nn.functional.normalize(torch.randn(3, 8), dim=-1) for _ in range(2)]
+    torch.save(queries, tmp_path / "q.pt")
+    np.save(tmp_path / "q2d.npy", torch.cat(queries).numpy())
+    np.save(tmp_path / "q64.npy", torch.stack(queries).double().numpy())
+    np.save(tmp_path / "bad_lengths.npy", np.array([5, -2]))
+    torch.save({"vectors": queries}, tmp_path / "nokey.pt")
+    nan_queries = [q.clone() for q in queries]
+    nan_queries[1][2, 3] = float("nan")
+    torch.save(nan_queries, tmp_path / "nan.pt")
+    np.save(tmp_path / "docs64.npy", torch.cat(docs).double().numpy())
+    search = ["search", "--corpus", corpus, "--out", str(tmp_path / "run.trec"), "--no-progress", "--quiet"]
+    cases = [
+        (["index", "--out", corpus, str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy")],
+         "--overwrite"),
+        (["index", "--out", str(tmp_path / "d"), str(tmp_path / "missing.npy")], "missing.npy"),
+        (["index", "--out", str(tmp_path / "d"), str(tmp_path / "docs64.npy"), "--lengths",
+          str(tmp_path / "lengths.npy")], "--dtype float32"),
+        (["index", "--out", str(tmp_path / "d"), str(tmp_path / "docs.npy"), "--lengths",
+          str(tmp_path / "bad_lengths.npy")], "entry 1 is -2"),
+        (search + ["--queries", str(tmp_path / "q2d.npy")], "--query-lengths"),
+        (search + ["--queries", str(tmp_path / "q64.npy")], "float64 queries"),
+        (search + ["--queries", str(tmp_path / "nokey.pt")], "without 'embeddings'"),
+        (search + ["--queries", str(tmp_path / "nan.pt")], "query 1 of"),
+        (search + ["--queries", str(tmp_path / "q.pt"), "--out", str(tmp_path / "no" / "such" / "run.trec")],
+         "No such file or directory"),
+        (["search", "--corpus", str(tmp_path / "nothing"), "--queries", str(tmp_path / "q.pt"), "--out", "-"],
+         "nothing"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((search + ["--queries", str(tmp_path / "q.pt"), "--device", "cuda"], "--device cpu"))
+    for argv, fix in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err and fix in lines[0], (argv, err)
+        assert lines[0].startswith(f"maxsim {argv[0]}: ")
+    assert not (tmp_path / "run.trec").exists()
+
+    # a NaN token in the corpus: its document would score NaN and rank first; the search refuses
+    docs[4] = docs[4].clone()
+    docs[4][0, 0] = float("nan")
+    maxsim.Corpus.from_list(docs).save(tmp_path / "nan_corpus")
+    assert main(["search", "--corpus", str(tmp_path / "nan_corpus"), "--queries", str(tmp_path / "q.pt"),
+                 "--out", str(tmp_path / "run.trec"), "--quiet", "--no-progress"]) == 1
+    assert "document 4 of the corpus scores NaN" in capsys.readouterr().err
+    assert not (tmp_path / "run.trec").exists()
+    monkeypatch.setenv("MAXSIM_DEBUG", "1")  # the traceback, for a bug report
+    with pytest.raises(ValueError):
+        main(search + ["--queries", str(tmp_path / "q64.npy").replace("q64", "nokey").replace(".npy", ".pt")])

@@ -70,8 +70,9 @@ def _as_ids(ids):
     return [str(x) for x in ids] if any(isinstance(x, str) for x in ids) else ids
 
 
-def load_embeddings(path, lengths_path=None):
-    """An embedding file -> ``(packed [T, d] tensor, lengths int64 numpy [N], ids or None)``."""
+def load_embeddings(path, lengths_path=None, lengths_option: str = "--lengths"):
+    """An embedding file -> ``(packed [T, d] tensor, lengths int64 numpy [N], ids or None)``.
+    ``lengths_option``: the command's option for a lengths file, named in errors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"maxsim: embedding file {path} does not exist")
@@ -81,14 +82,17 @@ def load_embeddings(path, lengths_path=None):
     if suffix == ".npy":
         array = np.load(path, mmap_mode="c")
         tensor = torch.from_numpy(np.ascontiguousarray(array))
-        packed, lengths = _from_array(path, tensor, lengths)
+        packed, lengths = _from_array(path, tensor, lengths, lengths_option)
     elif suffix in (".pt", ".pth"):
         obj = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(obj, dict):
             ids = _as_ids(obj.get("ids"))
             if "lengths" in obj and lengths is None:
                 lengths = np.asarray(torch.as_tensor(obj["lengths"]).cpu(), dtype=np.int64)
-            obj = obj.get("embeddings")
+            if "embeddings" not in obj:
+                raise ValueError(f"maxsim: {path} holds a dict without 'embeddings' (its keys: "
+                                 f"{', '.join(map(str, obj)) or 'none'}); expected 'embeddings' (and 'lengths', 'ids')")
+            obj = obj["embeddings"]
         if isinstance(obj, (list, tuple)):
             items = [torch.as_tensor(x) for x in obj]
             if not items or any(x.dim() != 2 for x in items):
@@ -96,7 +100,7 @@ def load_embeddings(path, lengths_path=None):
             packed = torch.cat(items, 0)
             lengths = np.array([x.shape[0] for x in items], dtype=np.int64)
         elif isinstance(obj, torch.Tensor):
-            packed, lengths = _from_array(path, obj, lengths)
+            packed, lengths = _from_array(path, obj, lengths, lengths_option)
         else:
             raise ValueError(f"maxsim: {path} holds {type(obj).__name__}; expected a list of [L, d] tensors "
                              "or a dict with 'embeddings'")
@@ -109,9 +113,9 @@ def load_embeddings(path, lengths_path=None):
         tensors = load_file(str(path))
         if "embeddings" in tensors:
             if lengths is None and "lengths" not in tensors:
-                raise ValueError(f"maxsim: {path} has 'embeddings' but no 'lengths' (give --lengths)")
+                raise ValueError(f"maxsim: {path} has 'embeddings' but no 'lengths' (give {lengths_option})")
             lengths = lengths if lengths is not None else tensors["lengths"].numpy().astype(np.int64)
-            packed, lengths = _from_array(path, tensors["embeddings"], lengths)
+            packed, lengths = _from_array(path, tensors["embeddings"], lengths, lengths_option)
         else:
             names = list(tensors)  # the file's order
             items = [tensors[n] for n in names]
@@ -125,22 +129,50 @@ def load_embeddings(path, lengths_path=None):
     return packed, lengths, ids
 
 
-def _from_array(path, tensor: torch.Tensor, lengths):
+def _from_array(path, tensor: torch.Tensor, lengths, lengths_option: str = "--lengths"):
+    if lengths is not None and (lengths < 0).any():
+        first = int(np.flatnonzero(lengths < 0)[0])
+        raise ValueError(f"maxsim: the lengths for {path} must be >= 0; entry {first} is {int(lengths[first])}")
     if tensor.dim() == 2:
         if lengths is None:
-            raise ValueError(f"maxsim: {path} is packed [T, d]: give the token count of each item (--lengths)")
-        if int(lengths.sum()) != tensor.shape[0] or (lengths < 0).any():
+            raise ValueError(f"maxsim: {path} is packed [T, d]: give the token count of each item ({lengths_option})")
+        if int(lengths.sum()) != tensor.shape[0]:
             raise ValueError(f"maxsim: the lengths add up to {int(lengths.sum())} tokens but {path} has {tensor.shape[0]}")
         return tensor, lengths
     if tensor.dim() == 3:
         N, L = tensor.shape[:2]
         if lengths is None:
             lengths = np.full(N, L, dtype=np.int64)
-        if lengths.size != N or (lengths > L).any() or (lengths < 0).any():
+        if lengths.size != N or (lengths > L).any():
             raise ValueError(f"maxsim: lengths must be {N} values in 0..{L} for the padded {path}")
         mask = torch.arange(L)[None, :] < torch.from_numpy(lengths)[:, None]
         return tensor[mask], lengths
     raise ValueError(f"maxsim: {path} must be [T, d] or [N, L, d]; got {list(tensor.shape)}")
+
+
+def _device(name: str | None) -> torch.device:
+    """--device, checked: a CUDA device that is not there is one line naming the fix."""
+    if name is None:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"maxsim: --device {name!r} is not a device (cuda, cuda:1 or cpu)") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"maxsim: --device {name} but this machine has "
+                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA device(s) visible "
+                         f"(torch {torch.__version__}): use --device cpu")
+    return device
+
+
+def _check_finite(tokens: torch.Tensor, lengths: np.ndarray, path, what: str) -> None:
+    """A NaN or infinite embedding value -> one line naming the item (it would score NaN and rank first)."""
+    bad = ~torch.isfinite(tokens).all(dim=-1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        item = int(np.searchsorted(np.cumsum(lengths), row, side="right"))
+        raise ValueError(f"maxsim: {what} {item} of {path} holds a NaN or infinite value: every score against it "
+                         "would be NaN (fix or drop it)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,10 +268,19 @@ def run_index(args) -> int:
         print("maxsim index: --num-centroids is for a new corpus of a residual encoding", file=sys.stderr)
         return 2
     compressed = encoding is not None and corpus_format.is_compressed(encoding)
-    device = torch.device(args.device) if args.device else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    device = _device(args.device)
+    if not append and not args.overwrite and Path(args.out, "manifest.json").is_file():
+        print(f"maxsim index: {args.out} already holds a corpus: --append adds to it, --overwrite replaces it",
+              file=sys.stderr)
+        return 2
     for n, path in enumerate(args.inputs):
         packed, lengths, ids = load_embeddings(path, (args.lengths or [None] * len(args.inputs))[n])
+        if encoding is None and packed.dtype not in _DTYPES.values():
+            print(f"maxsim index: {path} holds {str(packed.dtype).replace('torch.', '')} embeddings: store them "
+                  "with --dtype float32 (or float16, bfloat16, or an --encoding)", file=sys.stderr)
+            return 2
+        if packed.is_floating_point():
+            _check_finite(packed, lengths, path, "item")
         if args.ids:
             ids = _read_ids(args.ids[n])
         offsets = np.zeros(lengths.size + 1, dtype=np.int64)
@@ -331,12 +372,17 @@ def run_search(args) -> int:
         print(f"maxsim search: -k must be at least 1; got {args.k}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    device = torch.device(args.device) if args.device else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    device = _device(args.device)
     if args.corpus:
         corpus = Corpus.load(args.corpus, mmap=args.load == "mmap", verify=not args.no_verify,
                              pin_memory=args.load == "pinned" and device.type == "cuda",
                              device=device if args.load == "device" else None)
-    packed, lengths, query_ids = load_embeddings(args.queries, args.query_lengths)
+    packed, lengths, query_ids = load_embeddings(args.queries, args.query_lengths, "--query-lengths")
+    if not packed.is_floating_point() or packed.dtype == torch.float64:
+        print(f"maxsim search: {args.queries} holds {str(packed.dtype).replace('torch.', '')} queries: save them as "
+              "float32, float16 or bfloat16", file=sys.stderr)
+        return 2
+    _check_finite(packed, lengths, args.queries, "query")
     if args.query_ids:
         query_ids = _read_ids(args.query_ids)
     if query_ids is None:
@@ -359,6 +405,12 @@ def run_search(args) -> int:
     except KeyboardInterrupt:
         print("maxsim search: interrupted; nothing written", file=sys.stderr)
         return 130
+    nan_rows = torch.isnan(result.scores).any(dim=-1).nonzero().flatten().tolist()
+    if nan_rows:  # a NaN token in the corpus: its document scores NaN and would rank first
+        first = result.indices[nan_rows[0]][torch.isnan(result.scores[nan_rows[0]])][0]
+        print(f"maxsim search: document {int(first)} of the corpus scores NaN (a NaN or infinite token): rebuild "
+              f"the corpus from finite embeddings; nothing written", file=sys.stderr)
+        return 1
     fmt = args.format or ("jsonl" if str(args.out).endswith((".jsonl", ".json")) else "trec")
     if args.out == "-":
         write_run(sys.stdout, query_ids, result, args.tag, fmt)

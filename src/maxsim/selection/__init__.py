@@ -57,7 +57,7 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         print(maxsim.explain(Q, D, q_mask, d_mask))
     """
     from maxsim import _checks
-    from maxsim._dispatch import backend_for, interpreting
+    from maxsim._dispatch import backend_for, interpreting, pytorch_backend
     from maxsim.selection import dense, varlen
     from maxsim.selection.common import precision_choice
 
@@ -88,7 +88,10 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
     if family is None and backend == "triton":
         family = "interpreter" if interpreting() else None
     if family is None and backend != "triton":
-        words = (f"{backend} (tensors on {device} run the PyTorch {backend} backend, no kernel; "
+        # the PyTorch side: maxsim.cpu's blocked GEMMs, or the plain reference with MAXSIM_BACKEND=reference
+        backend = pytorch_backend()
+        what = "maxsim.cpu's blocked GEMMs" if backend == "cpu" else "the plain PyTorch reference"
+        words = (f"{backend} (tensors on {device} run {what}, no Triton kernel; "
                  "pass gpu='sm90' to see a GPU's plan)")
         return Explanation(header, None, None, words)
     backend_words = "Triton kernels" + (f", as {family} would run them" if gpu else "")
