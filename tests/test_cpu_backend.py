@@ -290,3 +290,57 @@ def test_documents_longer_than_a_chunk_run_in_pieces(pool, mask_mode):
     for qm, dm in [(None, None), (torch.rand(2, 3) > 0.3, d_mask)]:
         check(Q, D, qm, dm, chunk=256, mask_mode=mask_mode)
     check(Q, rand(2, 4, 57, 8), None, torch.rand(2, 4, 57) > 0.5, chunk=256, mask_mode=mask_mode)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["list", "packed"])
+def test_long_documents_one_gemm_each_match_the_oracle(monkeypatch, dtype, layout):
+    """Documents of 32+ tokens on average (lists and packed) take the per-document path: one GEMM
+    each from where they lie, never packed or gathered. Against the float64 oracle: both product
+    orientations (a page longer than 8x the query rows), an empty document (0), a NaN token (NaN),
+    queries of different lengths; a list is never packed (only the queries are)."""
+    from maxsim.cpu import varlen as cpu_varlen
+    from maxsim.varlen import ops
+
+    lengths = [40, 0, 33, 700, 64, 51, 90]
+    docs = [rand(n, 24, dtype=dtype) for n in lengths]
+    docs[5] = docs[5].clone()
+    docs[5][7, 3] = float("nan")
+    queries = [rand(n, 24, dtype=dtype) for n in (5, 3, 8)]
+    calls, packs = [], []
+    real_scores, real_pack = cpu_varlen.per_document_scores, ops.pack
+    monkeypatch.setattr(cpu_varlen, "per_document_scores", lambda *a: calls.append(1) or real_scores(*a))
+    monkeypatch.setattr(ops, "pack", lambda seqs: packs.append(len(list(seqs))) or real_pack(seqs))
+    if layout == "list":
+        got = maxsim.maxsim_varlen(queries, docs)
+        assert packs == [len(queries)]  # the queries only
+    else:
+        d, cu_d, _ = maxsim.pack(docs)
+        q, cu_q, _ = maxsim.pack(queries)
+        got = maxsim.maxsim_varlen(q, d, cu_q, cu_d)
+    assert calls and got.shape == (3, len(docs)) and got.dtype == torch.float32
+    Qp, qm = maxsim.pad(queries)
+    Dp, dm = maxsim.pad(docs)
+    want = oracle(Qp, Dp, qm, dm)[0]  # [3, Nd] float64
+    assert torch.isnan(got[:, 5]).all()
+    assert rel_err(got, want) < 1e-6  # (the NaN column matched too)
+    assert torch.equal(got[:, 1], torch.zeros(3))
+
+
+def test_short_documents_stay_on_the_blocked_engine(monkeypatch):
+    from maxsim.cpu import varlen as cpu_varlen
+
+    monkeypatch.setattr(cpu_varlen, "per_document_scores", lambda *a: pytest.fail("per-document path taken"))
+    docs = [rand(n, 16) for n in (3, 9, 1, 30)]  # 10.75 tokens on average
+    queries = [rand(4, 16)]
+    Qp, qm = maxsim.pad(queries)
+    Dp, dm = maxsim.pad(docs)
+    assert rel_err(maxsim.maxsim_varlen(queries, docs), oracle(Qp, Dp, qm, dm)[0]) < 1e-6
+
+
+def test_a_list_with_a_gradient_takes_the_packed_path():
+    docs = [rand(40, 16).requires_grad_(True) for _ in range(3)]
+    q = rand(5, 16)
+    scores = maxsim.maxsim_varlen([q], docs)
+    scores.sum().backward()
+    assert all(d.grad is not None and d.grad.abs().sum() > 0 for d in docs)

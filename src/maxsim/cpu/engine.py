@@ -214,7 +214,7 @@ def _threads_mode() -> str:
     return mode
 
 
-def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True) -> list:
+def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True, mode: str | None = None) -> list:
     """``[work(c) for c in chunks]`` with ``n_threads`` threads, as ``MAXSIM_CPU_THREADS`` says:
 
     - ``team`` (default): the chunks one after the other on the caller's thread, each op on its
@@ -224,8 +224,9 @@ def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True) -> list
       another process has descheduled (the faster choice on a shared, oversubscribed machine).
 
     ``n_threads == 1`` (a small call, or the caller's setting) runs on the caller's thread with one
-    intra-op thread (its setting is restored)."""
-    mode = _threads_mode()
+    intra-op thread (its setting is restored). ``mode``: one of the two, whatever the setting
+    (work made of many small GEMMs, which no intra-op team shares, takes ``workers``)."""
+    mode = mode or _threads_mode()
     if not on_cpu or (mode == "team" and n_threads > 1) or not _thread_local_threads():
         return [work(c) for c in chunks]
     results = [None] * len(chunks)

@@ -9,7 +9,16 @@ from __future__ import annotations
 import torch
 
 from maxsim.cpu.dense import chunk_bytes, maxsim_cpu
-from maxsim.cpu.engine import GatheredPlan, rowmax_scores
+from maxsim.cpu.engine import GatheredPlan, _query_sums, _run_chunks, rowmax_scores
+
+# Documents at least this long on average are scored one GEMM each, straight from where they lie
+# (a packed tensor's rows, a list's items): no gather, no padding. Shorter ones go to the blocked
+# engine, where a GEMM's fixed cost is shared by many documents (docs/cpu.md has the measurements).
+PER_DOCUMENT_MIN_MEAN = 32
+# Documents per task of the per-document path: enough tasks that two cores balance.
+_DOCUMENTS_PER_TASK = 256
+# A document longer than this many times the query rows is multiplied as Q D^T rather than D Q^T.
+_WIDE_PRODUCT = 8
 
 
 def padded(x: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +62,10 @@ def varlen_cpu(q, d, q_start, q_len, d_start, d_len, pair_q=None, pair_d=None, *
         if pair_q is None:
             rows, owner = _query_rows(q_start, q_len)
             q_rows = q.index_select(0, rows).float()
+            Nd = d_start.numel()
+            if Nd and int(d_len.sum()) >= PER_DOCUMENT_MIN_MEAN * Nd:
+                starts, lengths = d_start.tolist(), d_len.tolist()
+                return per_document_scores(q_rows, owner, Nq, lambda j: d[starts[j]:starts[j] + lengths[j]], Nd)
             scores_t, _ = rowmax_scores(q_rows, owner, Nq, d, GatheredPlan(d_start, d_len), chunk_bytes=budget)
             return scores_t.t()
         out = torch.zeros(pair_q.numel(), dtype=torch.float32, device=q.device)
@@ -70,3 +83,31 @@ def varlen_cpu(q, d, q_start, q_len, d_start, d_len, pair_q=None, pair_d=None, *
                                         chunk_bytes=budget)
             out[ps] = scores_t[:, 0]
         return out
+
+
+def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries: int, document, n_documents: int
+                        ) -> torch.Tensor:
+    """Scores ``[n_queries, n_documents]`` fp32, one GEMM a document: ``document(j)`` is document j's
+    ``[L_j, dim]`` tensor (a view of packed rows, or a list's item), ``q_rows [R, dim]`` fp32 every
+    query token, ``row_query [R]`` its query. Max over the document's tokens (NaN propagates), sum
+    over each query's rows; an empty document scores 0. Tasks of ``_DOCUMENTS_PER_TASK`` documents
+    run on the CPU workers (one thread an op: these GEMMs are too small to share)."""
+    q_t = q_rows.t().contiguous()  # [dim, R]
+    R = q_rows.shape[0]
+    best = torch.zeros(n_documents, R, dtype=torch.float32)  # [Nd, R]
+
+    def work(task: range) -> None:
+        for j in task:
+            tokens = document(j)
+            L = tokens.shape[0]
+            if L == 0:
+                continue
+            tokens = tokens if tokens.dtype == torch.float32 else tokens.float()
+            if L > _WIDE_PRODUCT * R:  # a long document (a page): [R, L], BLAS's better orientation there
+                torch.amax(torch.mm(q_rows, tokens.t()), 1, out=best[j])
+            else:
+                torch.amax(torch.mm(tokens, q_t), 0, out=best[j])  # [L, R]
+
+    tasks = [range(a, min(n_documents, a + _DOCUMENTS_PER_TASK)) for a in range(0, n_documents, _DOCUMENTS_PER_TASK)]
+    _run_chunks(work, tasks, torch.get_num_threads(), True, mode="workers")
+    return _query_sums(best, row_query, n_queries).t()

@@ -207,12 +207,45 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         ``maxsim.maxsim`` on the padded tensors with masks (``maxsim.pad``), with work
         proportional to the real tokens. Differentiable in q and d (through a list's tensors too).
     """
+    _checks.check_choice("precision", precision, PRECISIONS)
+    if isinstance(d, (list, tuple)) and cu_seqlens_d is None:
+        scores = _cpu_document_list(q, d, cu_seqlens_q, max_seqlen_q, validate)
+        if scores is not None:
+            return scores
     q, d, cu_q, cu_d, max_q, max_d, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
                                                  validate)
-    _checks.check_choice("precision", precision, PRECISIONS)
     if backend_for(q.device) == "reference":
         return _pytorch_backend(pytorch_backend(), q, d, cu_q, cu_d, max_q, max_d, None, None)
     return _run(q, d, cu_q, cu_d, max_q, max_d, None, None, backward, precision)
+
+
+def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
+    """Documents given as a list, scored by the CPU backend without a gradient: one GEMM a list item
+    where they are long enough (:func:`maxsim.cpu.varlen.per_document_scores`), so the list is never
+    packed (a copy of every token). None where the packed path scores instead."""
+    from maxsim.cpu.varlen import PER_DOCUMENT_MIN_MEAN, _query_rows, per_document_scores
+    from maxsim.varlen.packing import check_sequences
+
+    documents = check_sequences(documents)
+    first = documents[0]
+    if first.device.type != "cpu" or backend_for(first.device) != "reference" or pytorch_backend() != "cpu":
+        return None
+    if sum(x.shape[0] for x in documents) < PER_DOCUMENT_MIN_MEAN * len(documents):
+        return None
+    queries_need_grad = any(x.requires_grad for x in q) if isinstance(q, (list, tuple)) else getattr(
+        q, "requires_grad", False)
+    if torch.is_grad_enabled() and (queries_need_grad or any(x.requires_grad for x in documents)):
+        return None
+    # the queries checked (and packed) against an empty document of the list's d, dtype and device
+    q, _, cu_q, _, max_q, _, _ = _prepare(q, first[:0], cu_seqlens_q, torch.zeros(2, dtype=torch.int64),
+                                          max_seqlen_q, 0, validate)
+    q_ok = _checks.sequences_valid(cu_q, q.shape[0], max_q)  # [Nq]
+    q_start, q_len = _emptied(cu_q, q_ok)
+    rows, owner = _query_rows(q_start, q_len)
+    with torch.no_grad():
+        scores = per_document_scores(q.index_select(0, rows).float(), owner, q_start.numel(),
+                                     documents.__getitem__, len(documents))  # [Nq, Nd]
+    return torch.where(q_ok[:, None], scores, torch.full((), float("nan")))
 
 
 def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None, *,

@@ -13,6 +13,15 @@ import torch
 
 def pack(seqs) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Ragged list of ``[L_i, d]`` tensors -> ``(packed [sum L_i, d], cu_seqlens int64 [N + 1], max L_i)``."""
+    seqs = check_sequences(seqs)
+    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    return torch.cat(seqs, 0), cu.to(seqs[0].device), int(lengths.max())
+
+
+def check_sequences(seqs) -> list[torch.Tensor]:
+    """A ragged list's items, checked: non-empty list of 2-D tensors sharing d, dtype and device."""
     seqs = list(seqs)
     if not seqs:
         raise ValueError("maxsim: cannot pack an empty list of sequences (no dtype, d or device to take)")
@@ -25,10 +34,7 @@ def pack(seqs) -> tuple[torch.Tensor, torch.Tensor, int]:
                 f"maxsim: sequences must share d, dtype and device; item {k} has d={s.shape[1]}, "
                 f"{s.dtype}, {s.device} but item 0 has d={seqs[0].shape[1]}, {seqs[0].dtype}, {seqs[0].device}"
             )
-    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
-    torch.cumsum(lengths, 0, out=cu[1:])
-    return torch.cat(seqs, 0), cu.to(seqs[0].device), int(lengths.max())
+    return seqs
 
 
 def pad(seqs, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,77 @@
+"""maxsim's CPU backend against maxsim-cpu (Rust + libxsmm) on ragged documents, fp32.
+
+    pip install maxsim-cpu==0.1.0
+    python benchmarks/cpu_peer_bench.py --rounds 7
+
+One query (or 16) against documents given as a list of ``[L_i, d]`` tensors (PyLate's encode
+output) and pre-packed (``[T, d]`` + offsets): ``maxsim.maxsim_varlen`` against
+``maxsim_cpu.maxsim_scores_variable(q, docs)`` (one query a call, numpy arrays). Every provider
+timed in turn each round, best of ``--rounds``; scores compared (max abs difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+import torch
+
+import maxsim
+
+SHAPES = [  # name, queries, query tokens, documents, shortest, longest, d
+    ("1q x 1K (60-300)", 1, 32, 1000, 60, 300, 128),
+    ("1q x 10K (60-300)", 1, 32, 10000, 60, 300, 128),
+    ("1q x 10K (60-300) d96", 1, 32, 10000, 60, 300, 96),
+    ("1q x 10K (60-300) d64", 1, 32, 10000, 60, 300, 64),
+    ("ColPali 20 tokens x 1K pages (1030)", 1, 20, 1000, 1030, 1030, 128),
+    ("16q x 1K (60-300)", 16, 32, 1000, 60, 300, 128),
+    ("1q x 10K short (4-16)", 1, 32, 10000, 4, 16, 128),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    import maxsim_cpu
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    flags = open("/proc/cpuinfo").read()
+    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    print(f"# {cpu} ({isa}), {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| shape | maxsim list ms | maxsim packed ms | maxsim-cpu ms | list / maxsim-cpu | max abs diff |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, nq, lq, nd, lo, hi, d in SHAPES:
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.randint(lo, hi + 1, (nd,), generator=g).tolist()
+        docs = [torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=-1) for n in lengths]
+        queries = [torch.nn.functional.normalize(torch.randn(lq, d, generator=g), dim=-1) for _ in range(nq)]
+        packed, cu, max_d = maxsim.pack(docs)
+        q_packed, cu_q, _ = maxsim.pack(queries)
+        docs_np = [x.numpy() for x in docs]
+
+        def timed(fn):
+            t0 = time.perf_counter()
+            out = fn()
+            return time.perf_counter() - t0, out
+
+        cells = {"list": [], "packed": [], "peer": []}
+        outs = {}
+        for _ in range(args.rounds):
+            for key, fn in (("list", lambda: maxsim.maxsim_varlen(queries, docs)),
+                            ("packed", lambda: maxsim.maxsim_varlen(q_packed, packed, cu_q, cu, lq, max_d)),
+                            ("peer", lambda: np.stack([np.asarray(maxsim_cpu.maxsim_scores_variable(x.numpy(), docs_np))
+                                                      for x in queries]))):
+                seconds, outs[key] = timed(fn)
+                cells[key].append(seconds)
+        ms = {k: min(v) * 1e3 for k, v in cells.items()}
+        diff = float(np.abs(outs["list"].numpy() - outs["peer"]).max())
+        print(f"| {name} | {ms['list']:.1f} | {ms['packed']:.1f} | {ms['peer']:.1f} | "
+              f"{ms['peer'] / ms['list']:.2f}x | {diff:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
