@@ -217,20 +217,15 @@ def _packed_queries(Q, q_mask, dim):
     return packed, cu_q, max_q, single_query
 
 
-def _stream_scores(q_packed, max_q: int) -> bool:
-    """Whether the stream kernel scores the bytes for these packed queries (no gradient asked)."""
-    return backend_for(q_packed.device) == "triton" and not _needs_grad(q_packed) and max_q > 0
-
-
-def prepare_queries(q_packed, cu_q, max_q: int, value_dtype: torch.dtype):
+def prepare_queries(q_packed, cu_q, max_q: int, value_dtype: torch.dtype, quantize_query: bool | None = None):
     """Packed queries ``q [Tq, d]`` (``cu_q [Nq + 1]`` on their device) about to score many chunks
     of one-byte tokens of ``value_dtype`` -> the form :func:`score_checked_tokens` takes (the query
-    bytes, when the selection multiplies bytes, quantised once), or None where the stream kernel
-    does not run (then :func:`maxsim_quantized_varlen` scores)."""
-    if not _stream_scores(q_packed, max_q):
+    bytes, when ``quantize_query`` or the selection's rule multiplies bytes, quantised once), or None
+    where the stream kernel does not run (a gradient, no Triton backend, empty queries)."""
+    if backend_for(q_packed.device) != "triton" or _needs_grad(q_packed) or max_q == 0:
         return None
     query_bytes = None
-    if select_varlen.quantize_query(None, device_of(q_packed)[1])[0]:
+    if select_varlen.quantize_query(quantize_query, device_of(q_packed)[1])[0]:
         query_bytes = quantize_tokens(q_packed, FORMAT_OF_DTYPE[value_dtype])
     return q_packed, cu_q, max_q, query_bytes
 
@@ -274,16 +269,16 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
     check_chunk_documents(chunk_documents)
     device, dtype = q_packed.device, q_packed.dtype
 
-    # The Triton backend (CUDA, or the interpreter when asked) scores the bytes in the stream kernel.
-    fused = _stream_scores(q_packed, max_q)
-    query_bytes = None
-    if fused and select_varlen.quantize_query(quantize_query, device_of(q_packed)[1])[0]:
-        query_bytes = quantize_tokens(q_packed, FORMAT_OF_DTYPE[values.dtype])  # once for every chunk
+    # The Triton backend (CUDA, or the interpreter when asked) scores the bytes in the stream kernel,
+    # the query bytes (where it multiplies bytes) quantised once for every chunk.
+    prepared = prepare_queries(q_packed, cu_q, max_q, values.dtype, quantize_query)
+    fused = prepared is not None
+    query_bytes = prepared[3] if fused else None
     if fused and chunk_documents is None and values.device == device and scales.device == device:
         # The bytes already beside Q: nothing is dequantised, so no scratch to bound. One launch over
         # the whole corpus, the offsets checked where they live (no copy to the host and back).
         cu_d = check_cu_seqlens(cu_seqlens_d, total, on_host=False).to(device)
-        out = score_checked_tokens((q_packed, cu_q, max_q, query_bytes), values, scales, cu_d)
+        out = score_checked_tokens(prepared, values, scales, cu_d)
         return out[0] if single_query else out
     cu = check_cu_seqlens(cu_seqlens_d, total)
     num_queries, num_docs = cu_q.numel() - 1, cu.numel() - 1

@@ -60,12 +60,12 @@ def varlen_cpu(q, d, q_start, q_len, d_start, d_len, pair_q=None, pair_d=None, *
                           max_chunk_bytes=budget)[:, 0]
     with torch.no_grad():
         if pair_q is None:
+            Nd = d_start.numel()
+            if long_documents(int(d_len.sum()), Nd):
+                starts, lengths = d_start.tolist(), d_len.tolist()
+                return cross_per_document(q, q_start, q_len, lambda j: d[starts[j]:starts[j] + lengths[j]], Nd)
             rows, owner = _query_rows(q_start, q_len)
             q_rows = q.index_select(0, rows).float()
-            Nd = d_start.numel()
-            if Nd and int(d_len.sum()) >= PER_DOCUMENT_MIN_MEAN * Nd:
-                starts, lengths = d_start.tolist(), d_len.tolist()
-                return per_document_scores(q_rows, owner, Nq, lambda j: d[starts[j]:starts[j] + lengths[j]], Nd)
             scores_t, _ = rowmax_scores(q_rows, owner, Nq, d, GatheredPlan(d_start, d_len), chunk_bytes=budget)
             return scores_t.t()
         out = torch.zeros(pair_q.numel(), dtype=torch.float32, device=q.device)
@@ -83,6 +83,18 @@ def varlen_cpu(q, d, q_start, q_len, d_start, d_len, pair_q=None, pair_d=None, *
                                         chunk_bytes=budget)
             out[ps] = scores_t[:, 0]
         return out
+
+
+def long_documents(total_tokens: int, n_documents: int) -> bool:
+    """Whether documents take the per-document path (PER_DOCUMENT_MIN_MEAN tokens a document or more)."""
+    return n_documents > 0 and total_tokens >= PER_DOCUMENT_MIN_MEAN * n_documents
+
+
+def cross_per_document(q, q_start, q_len, document, n_documents: int) -> torch.Tensor:
+    """Scores ``[Nq, n_documents]`` fp32 of packed queries ``q [Tq, dim]`` (sequences ``q_start``,
+    ``q_len`` int64 ``[Nq]``) against ``document(j)`` ``[L_j, dim]``: :func:`per_document_scores`."""
+    rows, owner = _query_rows(q_start, q_len)
+    return per_document_scores(q.index_select(0, rows).float(), owner, q_start.numel(), document, n_documents)
 
 
 def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries: int, document, n_documents: int

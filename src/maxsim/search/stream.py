@@ -34,7 +34,7 @@ import maxsim
 from maxsim._progress import progress_bar
 from maxsim.compressed.quantized import prepare_queries
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
-                                packed_queries, score_packed_chunk, score_quantized_chunk)
+                                chunk_offsets, packed_queries, score_packed_chunk, score_quantized_chunk)
 
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -236,9 +236,8 @@ def _padded_queries(q: torch.Tensor, cu: torch.Tensor, longest: int) -> tuple[to
     return Q, (None if bool(mask.all()) else mask)
 
 
-def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: int, stop: int,
-                           token_base: int = 0, *, cu_d: torch.Tensor | None = None,
-                           max_d: int | None = None) -> torch.Tensor:
+def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: int, stop: int, token_base: int = 0,
+                           *, cu_d: torch.Tensor, max_d: int) -> torch.Tensor:
     """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a residual or PQ corpus:
     ``queries`` ``(Q [Nq, Lq, d], q_mask or None)``; ``chunk`` ``(codes [t], residuals [t, P])``
     (residual) or ``(codes [t, m],)`` (PQ) whose rows ``cu_d_host[start] - token_base ...`` are the
@@ -250,15 +249,10 @@ def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: 
 
     Q, q_mask = queries
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
-    if cu_d is None:
-        cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0)  # [c + 1] on the host
-    else:
-        cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
+    cu = chunk_offsets(cu_d, start, stop, t0)
     rows = slice(t0 - token_base, t1 - token_base)
     if isinstance(codec, ProductQuantizer):
         return maxsim_pq_varlen(Q, chunk[0][rows], cu, codec, q_mask=q_mask)  # [Nq, c]
-    if max_d is None:
-        max_d = int(np.diff(cu_d_host[start:stop + 1]).max()) if stop > start else 0
     return maxsim_residual_varlen(Q, chunk[0][rows], chunk[1][rows], cu, codec, max_seqlen_d=max_d,
                                   q_mask=q_mask)  # [Nq, c]
 

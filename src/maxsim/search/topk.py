@@ -407,27 +407,25 @@ def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, subset=None, chu
     return running.result() if own else None
 
 
-def score_packed_chunk(q, cu_q, max_q, d, cu_d_host: np.ndarray, start: int, stop: int,
-                       token_base: int = 0, *, cu_d: torch.Tensor | None = None,
-                       max_d: int | None = None) -> torch.Tensor:
+def chunk_offsets(cu_d: torch.Tensor, start: int, stop: int, t0: int) -> torch.Tensor:
+    """Offsets ``[c + 1]`` of documents ``start:stop`` from ``cu_d`` (on the scoring device),
+    relative to their first token ``t0``: a view when ``t0`` is 0, one small op otherwise."""
+    return cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
+
+
+def score_packed_chunk(q, cu_q, max_q, d, cu_d_host: np.ndarray, start: int, stop: int, token_base: int = 0, *,
+                       cu_d: torch.Tensor, max_d: int) -> torch.Tensor:
     """Scores ``[Nq, stop - start]`` of documents ``start:stop`` of a packed corpus whose rows
     ``cu_d_host[start] - token_base ...`` are in ``d`` (token_base: the first row ``d`` holds).
-    ``cu_d``: the same offsets already on d's device, ``max_d``: a bound on the chunk's document
-    lengths; given, the call does no host work proportional to the documents."""
+    ``cu_d``: the same offsets on d's device, ``max_d``: a bound on the documents' lengths; the call
+    does no host work proportional to the documents."""
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
     chunk = d[t0 - token_base:t1 - token_base]  # [tokens, d] view
-    if cu_d is None:
-        cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0).to(d.device, non_blocking=True)  # [c + 1]
-    else:
-        cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
-    if max_d is None:
-        max_d = int(np.diff(cu_d_host[start:stop + 1]).max()) if stop > start else 0
-    return maxsim.maxsim_varlen(q, chunk, cu_q, cu, max_q, max_d)  # [Nq, c]
+    return maxsim.maxsim_varlen(q, chunk, cu_q, chunk_offsets(cu_d, start, stop, t0), max_q, max_d)  # [Nq, c]
 
 
-def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start: int, stop: int,
-                          token_base: int = 0, *, cu_d: torch.Tensor | None = None,
-                          max_d: int | None = None) -> torch.Tensor:
+def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start: int, stop: int, token_base: int = 0,
+                          *, cu_d: torch.Tensor, max_d: int) -> torch.Tensor:
     """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a one-byte corpus whose
     scales were checked: ``queries`` a list of Nq ``[L_i, d]`` float tensors, or the form
     ``maxsim.compressed.quantized.prepare_queries`` gives for the stream kernel; ``values [t, d]``
@@ -438,13 +436,10 @@ def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start:
     from maxsim.compressed.quantized import maxsim_quantized_varlen, score_checked_tokens  # (maxsim.search loads first)
 
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
-    if cu_d is None:
-        cu = torch.from_numpy(cu_d_host[start:stop + 1] - t0)  # [c + 1] on the host, as it checks them there
-    else:
-        cu = cu_d[start:stop + 1] - t0 if t0 else cu_d[start:stop + 1]
+    cu = chunk_offsets(cu_d, start, stop, t0)
     rows = slice(t0 - token_base, t1 - token_base)
     if isinstance(queries, tuple):
-        return score_checked_tokens(queries, values[rows], scales[rows], cu.to(values.device), max_d)  # [Nq, c]
+        return score_checked_tokens(queries, values[rows], scales[rows], cu, max_d)  # [Nq, c]
     return maxsim_quantized_varlen(queries, values[rows], scales[rows], cu)  # [Nq, c]
 
 

@@ -221,16 +221,17 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
 
 def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
     """Documents given as a list, scored by the CPU backend without a gradient: one GEMM a list item
-    where they are long enough (:func:`maxsim.cpu.varlen.per_document_scores`), so the list is never
+    where they are long enough (:func:`maxsim.cpu.varlen.cross_per_document`), so the list is never
     packed (a copy of every token). None where the packed path scores instead."""
-    from maxsim.cpu.varlen import PER_DOCUMENT_MIN_MEAN, _query_rows, per_document_scores
+    from maxsim.cpu.varlen import cross_per_document, long_documents
     from maxsim.varlen.packing import check_sequences
 
+    first = documents[0] if len(documents) else None
+    if not isinstance(first, torch.Tensor) or first.device.type != "cpu" or backend_for(first.device) != "reference" \
+            or pytorch_backend() != "cpu":
+        return None  # (the packed path checks the list)
     documents = check_sequences(documents)
-    first = documents[0]
-    if first.device.type != "cpu" or backend_for(first.device) != "reference" or pytorch_backend() != "cpu":
-        return None
-    if sum(x.shape[0] for x in documents) < PER_DOCUMENT_MIN_MEAN * len(documents):
+    if not long_documents(sum(x.shape[0] for x in documents), len(documents)):
         return None
     queries_need_grad = any(x.requires_grad for x in q) if isinstance(q, (list, tuple)) else getattr(
         q, "requires_grad", False)
@@ -241,10 +242,8 @@ def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
                                           max_seqlen_q, 0, validate)
     q_ok = _checks.sequences_valid(cu_q, q.shape[0], max_q)  # [Nq]
     q_start, q_len = _emptied(cu_q, q_ok)
-    rows, owner = _query_rows(q_start, q_len)
     with torch.no_grad():
-        scores = per_document_scores(q.index_select(0, rows).float(), owner, q_start.numel(),
-                                     documents.__getitem__, len(documents))  # [Nq, Nd]
+        scores = cross_per_document(q, q_start, q_len, documents.__getitem__, len(documents))  # [Nq, Nd]
     return torch.where(q_ok[:, None], scores, torch.full((), float("nan")))
 
 
