@@ -43,7 +43,7 @@ def add_info_parser(subparsers) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from maxsim.bench.cli import add_bench_parser
-    from maxsim.search.cli import add_index_parser, add_search_parser
+    from maxsim.search.cli import add_compact_parser, add_delete_parser, add_index_parser, add_search_parser
 
     parser = argparse.ArgumentParser(
         prog="python -m maxsim",
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(subparsers)
     add_index_parser(subparsers)
     add_search_parser(subparsers)
+    add_delete_parser(subparsers)
+    add_compact_parser(subparsers)
     add_info_parser(subparsers)
     return parser
 

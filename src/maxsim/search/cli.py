@@ -1,7 +1,8 @@
-"""``python -m maxsim index`` and ``python -m maxsim search``: corpus files and TREC runs.
+"""``python -m maxsim index``, ``search``, ``delete`` and ``compact``: corpus files and TREC runs.
 
-Each command adds its subparser (``add_index_parser``, ``add_search_parser``) and sets its run
-function; :mod:`maxsim.cli` registers them.
+Each command adds its subparser (``add_index_parser``, ``add_search_parser``,
+``add_delete_parser``, ``add_compact_parser``) and sets its run function; :mod:`maxsim.cli`
+registers them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ INDEX_EXAMPLE = """example:
 SEARCH_EXAMPLE = """example:
   python -m maxsim search --corpus corpus/ --queries queries.pt -k 100 --out run.trec
   trec_eval qrels.txt run.trec          # or ir_measures
+"""
+DELETE_EXAMPLE = """example:
+  python -m maxsim delete corpus/ --ids gone.txt        # tombstones: no token is rewritten
+  python -m maxsim compact corpus/                      # later: rewrite without them
 """
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -423,4 +428,78 @@ def run_search(args) -> int:
     if not args.quiet:
         print(f"maxsim search: {len(queries)} queries x {described} on {device}, k={args.k}: {seconds:.2f} s, "
               f"{len(queries) / max(seconds, 1e-9):.1f} queries/s -> {args.out}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# delete, compact
+
+
+def add_delete_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("delete", help="delete documents of a corpus file by id (tombstones)",
+                              description="Mark documents of a corpus file deleted: search never returns them. "
+                              "Only a small tombstone file a segment is written (crash-safely: the manifest is "
+                              "replaced last); `compact` later rewrites the corpus without them.",
+                              epilog=DELETE_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("corpus", help="corpus directory")
+    p.add_argument("--ids", required=True, help="text file of the ids to delete, one per line")
+    p.add_argument("--missing", choices=["error", "ignore"], default="error",
+                   help="an id the corpus does not hold: an error that deletes nothing (default), or skipped")
+    p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.set_defaults(run=run_delete)
+    return p
+
+
+def add_compact_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("compact", help="rewrite a corpus file without its deleted documents",
+                              description="Rewrite the segments of a corpus file that hold deleted documents from "
+                              "their live ones and drop the tombstones (crash-safely: new segments, then the "
+                              "manifest, then the old files removed). Every file's CRC-32 is checked first.",
+                              epilog=DELETE_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("corpus", help="corpus directory")
+    p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.set_defaults(run=run_compact)
+    return p
+
+
+def _ids_for(corpus, path):
+    """The ids of a text file, as the corpus's id type (int ids: each line an int)."""
+    ids = _read_ids(path)
+    if not isinstance(corpus.ids, np.ndarray):
+        return ids
+    out = []
+    for x in ids:
+        try:
+            out.append(int(x))
+        except ValueError:
+            raise ValueError(f"maxsim: {path} holds {x!r} but the corpus's ids are int: one int a line") from None
+    return np.array(out, dtype=np.int64)
+
+
+def run_delete(args) -> int:
+    from maxsim.search.corpus import Corpus
+
+    corpus = Corpus.load(args.corpus, mmap=True, verify=False)  # no token is read or rewritten
+    ids = _ids_for(corpus, args.ids)
+    count = corpus.delete(ids, missing=args.missing)
+    if count:
+        corpus.save(args.corpus, overwrite=True)
+    if not args.quiet:
+        print(f"maxsim delete: {count} of {len(ids)} ids deleted -> {args.corpus}: {corpus.num_live} live documents, "
+              f"{corpus.num_deleted} deleted (python -m maxsim compact {args.corpus} drops them)", file=sys.stderr)
+    return 0
+
+
+def run_compact(args) -> int:
+    from maxsim.search.corpus import Corpus
+
+    start = time.perf_counter()
+    # verified: a segment rewritten from a corrupted file would carry the damage under a fresh CRC
+    corpus = Corpus.load(args.corpus, mmap=True, verify=True)
+    dropped, tokens = corpus.num_deleted, corpus.num_tokens
+    corpus.compact(args.corpus)
+    if not args.quiet:
+        print(f"maxsim compact: dropped {dropped} deleted documents ({tokens - corpus.num_tokens} tokens) -> "
+              f"{args.corpus}: {len(corpus)} documents in {len(corpus.segments)} segment(s), "
+              f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
     return 0

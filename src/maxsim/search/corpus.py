@@ -5,6 +5,9 @@
     corpus.save("corpus/")                                          # format.py
     corpus = Corpus.load("corpus/", mmap=True)                      # on disk, memory-mapped
     result = corpus.search(Q, k=100)                                # SearchResult(scores, indices, ids)
+    result = corpus.search(Q, k=100, subset=tenant_ids)             # only these documents compete
+    corpus.delete(["doc-a"]); corpus.save("corpus/", overwrite=True)  # a tombstone, written alone
+    corpus.compact("corpus/")                                       # rewrite without the deleted
     corpus = Corpus.from_list(docs, encoding="int8")                # one byte a dim + an fp32 scale a token
     corpus = Corpus.from_list(docs, encoding="residual2")           # PLAID: a centroid id + 2 bits a dim
     corpus = Corpus.from_list(docs, encoding="pq32")                # product quantisation: 32 bytes a token
@@ -20,6 +23,7 @@ scores it in place; a host or mapped corpus streams to the GPU under a memory bu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +35,7 @@ import maxsim
 from maxsim.compressed.codec import ResidualCodec
 from maxsim.compressed.pq import ProductQuantizer
 from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
+from maxsim.search import changes
 from maxsim.search import format as corpus_format
 
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -58,7 +63,9 @@ class CorpusSegment:
     ``scales [t]`` fp32 (on the embeddings' device) for an int8 / fp8 corpus, whose embeddings are
     the one-byte values; None for a float corpus. For a residual corpus ``embeddings`` holds the
     codes ``[t]`` int32 and ``residuals [t, d * nbits / 8]`` uint8 the packed residuals; for a PQ
-    corpus ``embeddings`` holds the codes ``[t, m]`` uint8 (the codec is the corpus's)."""
+    corpus ``embeddings`` holds the codes ``[t, m]`` uint8 (the codec is the corpus's).
+    ``source``: the manifest entry of the file segment these are, in the folder the corpus was
+    loaded from (None for a segment built or changed in memory): saving back there keeps it."""
 
     embeddings: torch.Tensor
     offsets: np.ndarray
@@ -66,6 +73,7 @@ class CorpusSegment:
     mapped: bool = False
     scales: torch.Tensor | None = None
     residuals: torch.Tensor | None = None
+    source: dict | None = field(default=None, repr=False, compare=False)
     # A segment never changes once built: what every search would recompute from the offsets
     # (their copy on the scoring device, the longest document) is computed once.
     _offsets_on: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -289,17 +297,50 @@ def _normalize_ids(ids, n: int, first: int = 0):
     return out
 
 
-def _join_ids(a, b):
+def _live_ids(ids, deleted: np.ndarray | None):
+    if deleted is None:
+        return ids
+    if isinstance(ids, np.ndarray):
+        return ids[~deleted]
+    return [x for x, dead in zip(ids, deleted.tolist()) if not dead]
+
+
+def _live_clash(a, b, deleted_a=None, deleted_b=None):
+    """A live id of ``b`` that is a live id of ``a`` (None when there is none)."""
     if isinstance(a, np.ndarray) != isinstance(b, np.ndarray):
         raise TypeError("maxsim: cannot mix int and str document ids in one corpus")
+    live_a, live_b = _live_ids(a, deleted_a), _live_ids(b, deleted_b)
     if isinstance(a, np.ndarray):
-        joined = np.concatenate([a, b])
-        if len(np.unique(joined)) != len(joined):
-            raise ValueError("maxsim: appended document ids must not repeat the corpus's ids")
-        return joined
-    if set(a) & set(b):
-        raise ValueError("maxsim: appended document ids must not repeat the corpus's ids")
-    return list(a) + list(b)
+        both = np.intersect1d(live_a, live_b)
+        return int(both[0]) if both.size else None
+    seen = set(live_a)
+    return next((x for x in live_b if x in seen), None)
+
+
+def _join_ids(a, b, deleted_a=None, deleted_b=None, name: str = "the corpus"):
+    """``a`` then ``b``. A live id of ``b`` must not be a live id of ``a``; a deleted document's id
+    may come back (an update is a delete, then an append)."""
+    clash = _live_clash(a, b, deleted_a, deleted_b)
+    if clash is not None:
+        raise ValueError(f"maxsim: document id {clash!r} is already in {name} (appended ids must be new): to "
+                         f"replace that document, delete it first (corpus.delete([{clash!r}])), then append")
+    return np.concatenate([a, b]) if isinstance(a, np.ndarray) else list(a) + list(b)
+
+
+def _rows(t: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
+    """Rows ``keep`` (bool ``[t]``) of a per-token tensor, as a new tensor on its device."""
+    mask = torch.from_numpy(keep).to(t.device)
+    if t.dtype == torch.float8_e4m3fn:  # (indexing takes fp8 as its bytes)
+        return t.view(torch.uint8)[mask].view(t.dtype)
+    return t[mask]
+
+
+def _stored_array(emb: torch.Tensor) -> np.ndarray:
+    """Embeddings or codes as numpy in the stored dtype (bf16 and fp8 as their bits)."""
+    emb = emb.detach().cpu().contiguous()
+    if emb.dtype in (torch.bfloat16, torch.float8_e4m3fn):  # numpy has neither: store the bits
+        return emb.view(torch.uint16 if emb.dtype == torch.bfloat16 else torch.uint8).numpy()
+    return emb.numpy()
 
 
 class Corpus:
@@ -331,6 +372,11 @@ class Corpus:
     takes float16, bfloat16 or float32 queries. To re-encode a corpus, build a new one from the
     float tokens: ``Corpus.from_packed(c.embeddings, c.offsets, c.ids, encoding="int8")`` (float
     ``c``); the tokens of a compressed corpus are only ever decoded (``document(j)``).
+
+    A corpus changes by :meth:`append`, :meth:`delete` (tombstones: the tokens stay until
+    :meth:`compact`) and an update, which is a delete and then an append of the same id. Positions
+    (``len``, ``indices``, ``document(j)``) count deleted documents until :meth:`compact`;
+    :attr:`num_live` counts the others. ``search(..., subset=ids)`` ranks only those documents.
     """
 
     def __init__(self, embeddings, offsets, ids=None, *, encoding: str | None = None, codec=None):
@@ -350,7 +396,18 @@ class Corpus:
         self.ids = _normalize_ids(ids, offsets.size - 1)
         self.path: Path | None = None
         self.base_index = 0  # global index of document 0 (a shard of a larger corpus)
-        self.shard_info: tuple[int, int, int] | None = None  # (rank, world_size, total documents)
+        # (rank, world_size, live documents of the whole corpus: the width of a merged top-k)
+        self.shard_info: tuple[int, int, int] | None = None
+        self._init_changes()
+
+    def _init_changes(self) -> None:
+        # bool [N], True = deleted (None: none is); replaced, never changed in place, so that
+        # copies (to, pin_memory) share it safely
+        self._deleted: np.ndarray | None = None
+        # (resolved folder, its manifest's segment entries) when loaded from a folder: saving back
+        # there writes only the changes, and is refused if another write changed the folder since
+        self._origin: tuple[str, list] | None = None
+        self._id_index: changes.IdIndex | None = None  # built by the first delete / subset
 
     # -- construction -----------------------------------------------------------------------
 
@@ -412,6 +469,7 @@ class Corpus:
         corpus.path = path
         corpus.base_index = 0
         corpus.shard_info = None
+        corpus._init_changes()
         return corpus
 
     # -- properties ---------------------------------------------------------------------------
@@ -422,6 +480,21 @@ class Corpus:
     @property
     def num_documents(self) -> int:
         return len(self)
+
+    @property
+    def num_deleted(self) -> int:
+        """Documents deleted (:meth:`delete`) and not yet compacted away."""
+        return 0 if self._deleted is None else int(self._deleted.sum())
+
+    @property
+    def num_live(self) -> int:
+        """Documents a search can return: ``len(corpus) - num_deleted``."""
+        return len(self) - self.num_deleted
+
+    @property
+    def live(self) -> np.ndarray:
+        """bool ``[N]``: True for each position holding a live (not deleted) document (a copy)."""
+        return np.ones(len(self), dtype=bool) if self._deleted is None else ~self._deleted
 
     @property
     def num_tokens(self) -> int:
@@ -532,7 +605,8 @@ class Corpus:
         return f"the corpus {self.path}" if self.path is not None else "the corpus"
 
     def __repr__(self) -> str:
-        return (f"Corpus({len(self)} documents, {self.num_tokens} tokens, d={self.dim}, "
+        deleted = f" ({self.num_deleted} deleted)" if self.num_deleted else ""
+        return (f"Corpus({len(self)} documents{deleted}, {self.num_tokens} tokens, d={self.dim}, "
                 f"{self.encoding}, {self.where()}{', ' + str(self.path) if self.path else ''})")
 
     def document(self, index: int) -> torch.Tensor:
@@ -560,9 +634,12 @@ class Corpus:
     def _map(self, fn, mapped: bool | None = None, codec_device=None) -> "Corpus":
         segments = [s.with_parts([fn(t) for t in s.parts()], mapped=s.mapped if mapped is None else mapped)
                     for s in self._segments]
+        for new, old in zip(segments, self._segments):  # the same documents: still the folder's segments
+            new.source = old.source
         codec = self.codec if codec_device is None else _codec_to(self.codec, torch.device(codec_device))
         out = Corpus._from_segments(segments, self.ids, self.path, codec)
         out.base_index, out.shard_info = self.base_index, self.shard_info
+        out._deleted, out._origin, out._id_index = self._deleted, self._origin, self._id_index
         return out
 
     def to(self, device) -> "Corpus":
@@ -586,12 +663,17 @@ class Corpus:
         Float documents (a list or a pair) appended to an int8 / fp8 corpus are quantised to its
         encoding, to a residual / PQ corpus encoded with its codec (never a new one); a float
         corpus takes documents of its dtype, and an appended Corpus must have this corpus's
-        encoding (and codec)."""
+        encoding (and codec).
+
+        An id already live in this corpus is an error: an update is ``corpus.delete([id])``, then
+        the append (a deleted document's id may come back). An appended Corpus brings its own
+        deletions."""
         encoding = self.encoding if (self.is_quantized or self.is_compressed) else None
         if isinstance(documents, Corpus):
             other = documents
             if ids is not None:
                 other = Corpus._from_segments(other._segments, _normalize_ids(ids, len(other)), codec=other.codec)
+                other._deleted = documents._deleted
         else:
             pair = isinstance(documents, tuple) and len(documents) == 2
             if not pair:
@@ -623,7 +705,10 @@ class Corpus:
                              "them with its codec: codec=corpus.codec")
         if other.dtype != self.dtype:
             raise TypeError(f"maxsim: cannot append {other.dtype} documents to {self.name()} of {self.dtype}")
-        self.ids = _join_ids(self.ids, other.ids)
+        self.ids = _join_ids(self.ids, other.ids, self._deleted, other._deleted, self.name())
+        if self._deleted is not None or other._deleted is not None:
+            self._deleted = np.concatenate([~self.live, ~other.live])
+        self._id_index = None
         first = len(self)
         for s in other._segments:
             self._segments.append(s.with_parts([t.to(self.device) for t in s.parts()], first_document=first,
@@ -643,7 +728,7 @@ class Corpus:
         bounds.append(len(self))
         bounds = np.maximum.accumulate(np.minimum(bounds, len(self)))
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-        return self._slice(lo, hi, (rank, world_size, len(self)))
+        return self._slice(lo, hi, (rank, world_size, self.num_live))
 
     def _slice(self, lo: int, hi: int, shard_info) -> "Corpus":
         segments, first = [], 0
@@ -664,6 +749,8 @@ class Corpus:
         out = Corpus._from_segments(segments, ids, self.path, self.codec)
         out.base_index = self.base_index + lo
         out.shard_info = shard_info
+        if self._deleted is not None and self._deleted[lo:hi].any():
+            out._deleted = self._deleted[lo:hi].copy()
         return out
 
     # -- files --------------------------------------------------------------------------------
@@ -671,28 +758,89 @@ class Corpus:
     def _stored(self):
         """(embeddings or codes as numpy in the stored dtype, lengths, ids, scales as numpy or
         None, residuals as numpy or None) over all segments."""
-        emb = self._joined("embeddings").detach().cpu().contiguous()
-        if emb.dtype in (torch.bfloat16, torch.float8_e4m3fn):  # numpy has neither: store the bits
-            array = emb.view(torch.uint16 if emb.dtype == torch.bfloat16 else torch.uint8).numpy()
-        else:
-            array = emb.numpy()
+        array = _stored_array(self._joined("embeddings"))
         scales = None if not self.is_quantized else self.scales.detach().cpu().float().contiguous().numpy()
         residuals = self.residuals
         residuals = None if residuals is None else residuals.detach().cpu().contiguous().numpy()
         return array, np.diff(self.offsets), self.ids, scales, residuals
 
+    def _stored_segment(self, s: CorpusSegment):
+        """:meth:`_stored` of one segment (changes.py writes segment by segment)."""
+        scales = None if s.scales is None else s.scales.detach().cpu().float().contiguous().numpy()
+        residuals = None if s.residuals is None else s.residuals.detach().cpu().contiguous().numpy()
+        ids = self.ids[s.first_document:s.first_document + s.num_documents]
+        return _stored_array(s.embeddings), np.diff(s.offsets), ids, scales, residuals
+
+    def _is_origin(self, path) -> bool:
+        """Whether ``path`` is the folder this corpus was loaded from (or last saved its changes to)."""
+        return self._origin is not None and str(Path(path).resolve()) == self._origin[0]
+
+    def _bind(self, path: Path, manifest: dict) -> None:
+        """This corpus is ``manifest``'s corpus at ``path``: its segments are the listed ones."""
+        self._origin = (str(Path(path).resolve()), manifest["segments"])
+        for s, entry in zip(self._segments, manifest["segments"]):
+            s.source = entry
+
     def save(self, path, *, append: bool = False, overwrite: bool = False) -> Path:
         """Write this corpus to the directory ``path`` (format.py). ``append``: add its documents
-        to the corpus already there (a new segment; its ids must be new; the same encoding, and
-        for a residual / PQ corpus the same codec: build the documents with
+        to the corpus already there (a new segment; its live ids must not be live there; the same
+        encoding, and for a residual / PQ corpus the same codec: build the documents with
         ``codec=Corpus.load(path).codec``). ``overwrite``: replace an existing corpus. Every
-        write is atomic: an interruption leaves the previous corpus."""
+        write is atomic: an interruption leaves the previous corpus.
+
+        Deleted documents are saved as tombstones (one small file a segment). Saving a corpus
+        with ``overwrite=True`` to the folder it was loaded from writes only its changes: new
+        segments (appended, or rewritten by :meth:`compact`) and the tombstones; the segments it
+        loaded stay as they are. That is refused if another write changed the folder since the
+        load (its changes would be lost): load it again.
+
+            corpus = Corpus.load("corpus/")
+            corpus.delete(["doc-7"]); corpus.append([new_doc], ids=["doc-7"])   # an update
+            corpus.save("corpus/", overwrite=True)   # one tombstone file, one new segment
+        """
+        path = Path(path)
+        exists = (path / corpus_format.MANIFEST).is_file()
+        if exists and self._is_origin(path):
+            if append:
+                raise ValueError(f"maxsim: this corpus was loaded from {path}: save(path, overwrite=True) writes its "
+                                 "changes there (append=True would add its documents a second time)")
+            if overwrite:
+                self._bind(path, changes.write_changes(path, self))
+                return path
+        if append and exists and (self.num_deleted or changes.has_tombstones(path)):
+            # tombstones on either side: the file's corpus, appended to in memory (ids checked
+            # against its live ones), writes its new segment and tombstones in one commit
+            existing = Corpus._open(path, mmap=True, verify=False, warn=False)
+            existing.append(self)
+            changes.write_changes(path, existing)
+            return path
+        if self.num_deleted:
+            changes.write_new(path, self, overwrite=overwrite)
+            return path
         array, lengths, ids, scales, residuals = self._stored()
         dtype_name = corpus_format.stored_dtype(self.encoding)
         tables = codec_tables(self.codec) if self.is_compressed else None
-        corpus_format.write_corpus(path, array, lengths, ids, dtype_name, append=append, overwrite=overwrite,
-                                   encoding=self.encoding, scales=scales, residuals=residuals, codec=tables)
-        return Path(path)
+        try:
+            corpus_format.write_corpus(path, array, lengths, ids, dtype_name, append=append, overwrite=overwrite,
+                                       encoding=self.encoding, scales=scales, residuals=residuals, codec=tables)
+        except ValueError as err:
+            clash = self._clash_with(path) if append and exists else None
+            if clash is not None:  # an update: say how
+                raise ValueError(f"{err}: to replace that document, delete it first (Corpus.load(path).delete("
+                                 f"[{clash!r}]), then save(path, overwrite=True)), then append") from None
+            raise
+        return path
+
+    def _clash_with(self, path: Path):
+        """A live id of this corpus that is live in the corpus at ``path`` (None when there is none,
+        or that corpus cannot be read: the caller's error stands). Read on an error path only."""
+        try:
+            existing = Corpus._open(path, mmap=True, verify=False, warn=False)
+        except (ValueError, OSError):
+            return None
+        if isinstance(existing.ids, np.ndarray) != isinstance(self.ids, np.ndarray):
+            return None
+        return _live_clash(existing.ids, self.ids, existing._deleted, self._deleted)
 
     @classmethod
     def load(cls, path, mmap: bool = True, *, verify: bool = True, device=None,
@@ -701,9 +849,20 @@ class Corpus:
         otherwise read them into host memory (pinned with ``pin_memory``) or onto ``device``.
         ``verify``: check every file's CRC-32 (one read of the corpus); sizes and headers are always
         checked. Errors name the file. A residual / PQ corpus's codec is read into memory (on
-        ``device`` when given)."""
+        ``device`` when given). Deleted documents (tombstones) come back deleted.
+
+        Files left by an interrupted write (temporaries, segments never committed: the manifest
+        does not list them) are never read; one warning (``changes.CorpusLeftoversWarning``) names
+        them and their size. Loading does not delete them (a writer may be at work beside this
+        reader): :meth:`cleanup` or the next save does."""
+        return cls._open(path, mmap, verify=verify, device=device, pin_memory=pin_memory, warn=True)
+
+    @classmethod
+    def _open(cls, path, mmap: bool = True, *, verify: bool = True, device=None, pin_memory: bool = False,
+              warn: bool = True) -> "Corpus":
         path = Path(path)
         manifest, stored = corpus_format.open_corpus(path, mmap=mmap, verify=verify)
+        tombstones = changes.read_tombstones(path, manifest, verify)
         encoding = corpus_format.manifest_encoding(manifest)
         codec = None
         if corpus_format.is_compressed(encoding):
@@ -712,7 +871,7 @@ class Corpus:
         else:
             dtype = _QUANTIZED[encoding][1] if encoding in _QUANTIZED else _TORCH_DTYPES[encoding]
         on_device = device is not None and torch.device(device).type != "cpu"
-        segments, first, ids = [], 0, None
+        segments, first = [], 0
         for s in stored:
             parts = [torch.from_numpy(s.embeddings)]
             if dtype in (torch.bfloat16, torch.float8_e4m3fn):  # stored as their bits
@@ -730,12 +889,127 @@ class Corpus:
             template = CorpusSegment(parts[0], offsets, first, mapped, scales, residuals)
             segments.append(template.with_parts(parts))
             first += s.lengths.size
-            ids = s.ids if ids is None else _join_ids(ids, s.ids)
         if not segments:
             raise corpus_format.CorpusFormatError(f"maxsim: corpus {path} has no segments")
+        if isinstance(stored[0].ids, np.ndarray):
+            ids = np.concatenate([s.ids for s in stored])
+        else:
+            ids = [x for s in stored for x in s.ids]
+        deleted = None
+        if any(t is not None for t in tombstones):
+            deleted = np.zeros(first, dtype=bool)
+            for segment, dead in zip(segments, tombstones):
+                if dead is not None:
+                    deleted[segment.first_document + dead] = True
+        changes.check_live_ids_unique(ids, deleted, f"corpus {path}")
         if on_device:
             codec = _codec_to(codec, torch.device(device))
-        return cls._from_segments(segments, ids, path, codec)
+        corpus = cls._from_segments(segments, ids, path, codec)
+        corpus._deleted = deleted
+        corpus._bind(path, manifest)
+        if warn:
+            changes.warn_leftovers(path, manifest, stacklevel=4)
+        return corpus
+
+    @staticmethod
+    def cleanup(path) -> list[str]:
+        """Remove the files an interrupted write left in the corpus folder ``path`` (those its
+        manifest does not list) -> their names. Run it when no other process writes the corpus;
+        any save to the folder does the same."""
+        return changes.cleanup(path)
+
+    # -- changing -----------------------------------------------------------------------------
+
+    def _index(self) -> changes.IdIndex:
+        if self._id_index is None:
+            self._id_index = changes.IdIndex(self.ids)
+        return self._id_index
+
+    def delete(self, ids, *, missing: str = "error") -> int:
+        """Mark the documents of ``ids`` deleted (tombstones; their tokens stay until
+        :meth:`compact`) -> how many were live before this call.
+
+        ``ids``: one id, a list, a numpy array or a tensor, of the corpus's id type. Deleted
+        documents never appear in :meth:`search` results, and ``k`` results still come back while
+        ``k`` live documents remain. Deleting a deleted document again changes nothing (it counts
+        0). An id the corpus never held is a ValueError naming it, and nothing is deleted;
+        ``missing="ignore"`` skips such ids instead. :meth:`save` writes the tombstones (to the
+        folder the corpus was loaded from: ``save(path, overwrite=True)``, only them).
+
+            corpus.delete(["doc-3", "doc-9"])                # -> 2
+            corpus.search(Q, k=10)                           # never doc-3 or doc-9
+        """
+        if missing not in ("error", "ignore"):
+            raise ValueError(f"maxsim: missing must be 'error' or 'ignore'; got {missing!r}")
+        wanted = changes.wanted_ids(ids, isinstance(self.ids, np.ndarray), "the ids to delete")
+        which, positions = self._index().lookup(wanted)
+        if missing == "error":
+            found = np.zeros(len(wanted), dtype=bool)
+            found[which] = True
+            if not found.all():
+                unknown = np.flatnonzero(~found)
+                names = ", ".join(repr(wanted[int(i)] if not isinstance(wanted, np.ndarray) else int(wanted[i]))
+                                  for i in unknown[:3])
+                more = f" and {unknown.size - 3} more" if unknown.size > 3 else ""
+                raise ValueError(f"maxsim: cannot delete {unknown.size} id(s) that {self.name()} does not hold: "
+                                 f"{names}{more} (nothing deleted; missing='ignore' skips them)")
+        deleted = np.zeros(len(self), dtype=bool) if self._deleted is None else self._deleted.copy()
+        newly = np.unique(positions[~deleted[positions]])
+        if newly.size:
+            deleted[newly] = True
+            self._deleted = deleted
+        return int(newly.size)
+
+    def compact(self, path=None) -> "Corpus":
+        """Drop the deleted documents for good -> self: each segment that holds one is rebuilt from
+        its live documents (on its device; a memory-mapped one is read into host memory), the
+        others stay as they are. Positions (``indices``) change; ids, and every search's scores
+        and ids, do not.
+
+        ``path``: also write the compacted corpus there: the folder it was loaded from (the
+        rebuilt segments are written, the manifest replaced last, the old files removed after: a
+        kill at any point leaves the corpus before or after the compaction), or a new folder.
+
+            corpus = Corpus.load("corpus/")
+            corpus.compact("corpus/")
+        """
+        if self._deleted is not None:
+            segments, first = [], 0
+            for s in self._segments:
+                dead = self._deleted[s.first_document:s.first_document + s.num_documents]
+                if not dead.any():
+                    segments.append(dataclasses.replace(s, first_document=first))  # (keeps its source)
+                elif not dead.all():
+                    live, lengths = ~dead, np.diff(s.offsets)
+                    offsets = np.zeros(int(live.sum()) + 1, dtype=np.int64)
+                    np.cumsum(lengths[live], out=offsets[1:])
+                    parts = [_rows(t, np.repeat(live, lengths)) for t in s.parts()]
+                    segments.append(s.with_parts(parts, offsets=offsets, first_document=first, mapped=False))
+                else:
+                    continue
+                first += segments[-1].num_documents
+            if not segments:  # everything deleted: an empty corpus keeps d, encoding and device
+                s = self._segments[0]
+                segments = [s.with_parts([t[:0] for t in s.parts()], offsets=np.zeros(1, dtype=np.int64),
+                                         first_document=0, mapped=False)]
+            self.ids = _live_ids(self.ids, self._deleted)
+            self._segments, self._deleted, self._id_index = segments, None, None
+        if path is not None:
+            self.save(path, overwrite=self._is_origin(path))
+        return self
+
+    def _candidate_mask(self, subset=None) -> np.ndarray | None:
+        """bool ``[N]``: the documents a search ranks (live, and in ``subset`` when given); None
+        when that is every document."""
+        if subset is None:
+            return None if self._deleted is None else ~self._deleted
+        wanted = changes.wanted_ids(subset, isinstance(self.ids, np.ndarray), "subset")
+        _, positions = self._index().lookup(wanted)
+        mask = np.zeros(len(self), dtype=bool)
+        mask[positions] = True
+        if self._deleted is not None:
+            mask &= ~self._deleted
+        return mask
 
     # -- search -------------------------------------------------------------------------------
 
@@ -747,9 +1021,10 @@ class Corpus:
         return [[self.ids[j] for j in row] for row in local.tolist()]
 
     def search(self, Q, k: int, q_mask=None, batch_size: int | None = None, gpu_memory: int | None = None,
-               progress: bool | None = None, *, device=None) -> SearchResult:
+               progress: bool | None = None, *, device=None, subset=None) -> SearchResult:
         """The best ``k`` documents per query, exactly (``torch.topk`` of ``maxsim_varlen`` scores,
-        ties to the lower index, best first; ``k > N`` returns N).
+        ties to the lower index, best first; ``k > N`` returns N). Deleted documents are never
+        ranked: ``k > N`` returns the live ones.
 
         Args:
             Q: queries ``[Nq, Lq, d]`` (with ``q_mask``), ``[Lq, d]``, or a list of ``[L_i, d]``;
@@ -766,6 +1041,11 @@ class Corpus:
                 installed; False = never.
             device: where to score (default: the corpus's GPU, else the queries', else CUDA when
                 available, else the CPU).
+            subset: ids (a list, array or tensor of the corpus's id type; one set for every
+                query): only these documents are ranked, e.g. a tenant's. The answer is the exact
+                top-k of the same scores restricted to them (``k > len(subset)`` returns those).
+                Ids the corpus does not hold, or deleted ones, match nothing (a filter: the same
+                set can be given to every shard).
 
         Returns:
             ``SearchResult(scores [Nq, k'] fp32, indices [Nq, k'] int64, ids)``; 2-D ``Q`` drops the
@@ -774,7 +1054,7 @@ class Corpus:
         from maxsim.search.stream import search_corpus
 
         scores, indices = search_corpus(self, Q, k, q_mask=q_mask, batch_size=batch_size, gpu_memory=gpu_memory,
-                                        progress=progress, device=device)
+                                        progress=progress, device=device, subset=subset)
         if scores.dim() == 1:
             return SearchResult(scores, indices, self.ids_of(indices[None])[0])
         return SearchResult(scores, indices, self.ids_of(indices))

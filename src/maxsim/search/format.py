@@ -76,8 +76,10 @@ import numpy as np
 
 FORMAT_NAME = "maxsim-corpus"
 # The newest version this code reads; float corpora are still written as version 1, int8 / fp8 as
-# version 2, residual / PQ as version 3 (format_version).
-FORMAT_VERSION = 3
+# version 2, residual / PQ as version 3, any corpus with deleted documents (tombstones) as version 4,
+# so that a maxsim from before deletions refuses it instead of showing its deleted documents.
+FORMAT_VERSION = 4
+TOMBSTONES_FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 _CRC_BLOCK = 16 << 20
 # dtype names of the manifest -> the numpy dtype the .npy file holds.
@@ -150,8 +152,11 @@ def stored_dtype(encoding: str) -> str:
     return encoding
 
 
-def format_version(encoding: str) -> int:
-    """The version a corpus of ``encoding`` is written as: the oldest that can hold it."""
+def format_version(encoding: str, tombstones: bool = False) -> int:
+    """The version a corpus of ``encoding`` (with deleted documents or not) is written as: the
+    oldest that can hold it."""
+    if tombstones:
+        return TOMBSTONES_FORMAT_VERSION
     if is_compressed(encoding):
         return 3
     return 2 if encoding in QUANTIZED_ENCODINGS else 1

@@ -20,6 +20,12 @@ chunk scored by ``maxsim.compressed.maxsim_residual_varlen`` (decoded on chip by
 on CUDA, a bounded chunk at a time elsewhere); a PQ corpus streams its codes (m bytes a token),
 each chunk scored by ``maxsim.compressed.maxsim_pq_varlen``. Their codec is moved to the scoring
 device once per search.
+
+Deleted documents and a ``subset`` filter: the candidates (a host bool per document) go to the
+scoring device once per search; a chunk without one is not scored, and in the others a
+non-candidate's column gets index -1 before the running top-k, which keys it below every real
+document (topk.order_keys), so it is never selected ahead of one; the result is cut to
+min(k, candidates) columns. Exact, and per chunk only two small device ops (no host read).
 """
 
 from __future__ import annotations
@@ -118,12 +124,15 @@ class _Plan:
 
 
 def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None, progress=None, device=None,
-                  running: list | None = None):
+                  running: list | None = None, subset=None):
     """Top-k of ``corpus`` for the queries ``Q`` -> ``(scores [Nq, k'], global indices [Nq, k'])``.
+    The corpus's deleted documents are never ranked; ``subset``: ids, the only documents ranked.
 
-    ``running``: for sharded search, a list to receive the per-batch RunningTopK instead of results.
+    ``running``: for sharded search, a list to receive the per-batch RunningTopK instead of results
+    (a non-candidate may sit there with index -1).
     """
     k = check_k(k)
+    candidates = corpus._candidate_mask(subset)  # host bool [N] or None (every document)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"maxsim: batch_size must be a positive int; got {batch_size!r}")
     if gpu_memory is not None and (isinstance(gpu_memory, bool) or not isinstance(gpu_memory, (int, float)) or gpu_memory <= 0):
@@ -179,11 +188,22 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     max_documents = choose_chunk_documents(plan.batch_size, max(len(corpus), 1), k, corpus.num_tokens / max(len(corpus), 1),
                                            device, plan.score_bytes)
     work = [(s, a, b) for s in corpus.segments for a, b in plan_chunks(s.offsets, max_tokens, max_documents, s.longest)]
-    bar = progress_bar(progress, len(corpus), "maxsim search", "doc")
+    width, allowed = min(k, len(corpus)), None
+    if candidates is not None:
+        width = min(k, int(candidates.sum()))
+        before = np.concatenate([[0], np.cumsum(candidates, dtype=np.int64)])  # candidates before each document
+        work = [(s, a, b) for s, a, b in work if before[s.first_document + b] > before[s.first_document + a]]
+        allowed = torch.from_numpy(candidates).to(device)  # once a search
+    bar = progress_bar(progress, sum(b - a for _, a, b in work), "maxsim search", "doc")
 
     def score(chunk, segment, start: int, stop: int, token_base: int) -> None:
         """``chunk``: the segment's rows from ``token_base``, ``(embeddings,)``, ``(values, scales)``,
         ``(codes, residuals)`` or ``(codes,)``."""
+        columns = corpus.base_index + segment.first_document + start
+        if allowed is not None:  # a non-candidate's index -1: below every document in the top-k
+            first = segment.first_document + start
+            columns = torch.arange(columns, columns + stop - start, device=device)
+            columns = columns.masked_fill_(~allowed[first:first + stop - start], -1)[None]  # [1, c]
         for q_b, cu_b, max_b, views, top in batches:
             if quantized:
                 segment.check_scales()
@@ -195,7 +215,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
             else:
                 scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base,
                                             cu_d=segment.offsets_on(device), max_d=segment.longest)
-            top.update(scores, corpus.base_index + segment.first_document + start)
+            top.update(scores, columns if allowed is None else columns.expand(scores.shape[0], -1))
 
     try:
         if streamed:
@@ -218,10 +238,9 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         running.extend(top for *_, top in batches)
         return None
     if batches:
-        scores = torch.cat([top.result()[0] for *_, top in batches], 0)
-        indices = torch.cat([top.result()[1] for *_, top in batches], 0)
+        scores = torch.cat([top.result()[0] for *_, top in batches], 0)[:, :width]
+        indices = torch.cat([top.result()[1] for *_, top in batches], 0)[:, :width]
     else:
-        width = min(k, len(corpus))
         scores = torch.empty(0, width, dtype=torch.float32, device=device)
         indices = torch.empty(0, width, dtype=torch.int64, device=device)
     if squeeze:
