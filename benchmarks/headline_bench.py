@@ -77,6 +77,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -379,7 +380,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one cell may take before it is killed")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="start no cell after this many seconds (0: none)")
     ap.add_argument("--tmp", default=None, help="folder for the truth and fast-plaid's index (default: the system's)")
-    ap.add_argument("--out", default=None, help="write the rows as JSON here (after every row)")
+    ap.add_argument("--out", default=None,
+                    help="write the rows as JSON to this file (after every row); a folder gets headline.json")
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("headline_bench needs a CUDA GPU (or --device cpu for a smoke test)")
@@ -400,7 +402,8 @@ def main() -> None:
         rows.append(row)
         print(format_row(row, args.queries), flush=True)
         if args.out:
-            with open(args.out, "w") as handle:
+            out = Path(args.out) / "headline.json" if Path(args.out).is_dir() else Path(args.out)
+            with open(out, "w") as handle:
                 json.dump(dict(args=vars(args), generator=HEADLINE, sizes=sizes, rows=rows), handle, indent=1)
 
     def isolated(fn, *fn_args) -> dict:

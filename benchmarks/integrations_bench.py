@@ -1,14 +1,18 @@
 """Speed and memory of the drop-in integrations on the GPU, against each library's own paths.
 
-    python benchmarks/integrations_bench.py [--batch 32] [--pages 1000] [--skip-colpali] [--skip-pylate]
+    python benchmarks/integrations_bench.py [--batch 32] [--pages 1000] [--only pylate,colpali,sentence-transformers]
 
-Rows:
-- PyLate ``Contrastive`` training step (its real forward: normalise, stack, score, cross entropy,
-  backward), in-batch with one hard negative, ColBERT shapes (Lq 32, Ld 180, d 128), fp32
-  embeddings as PyLate's models produce them: PyLate's torch path, its ``lik`` / ``flash``
-  backends when importable, and maxsim through ``maxsim.integrations.pylate.patch()``.
-- colpali ``score_multi_vector`` of 16 queries (20 tokens) against 1K pages (1030 tokens), bf16:
-  colpali's torch path, its ``lik`` backend when importable, maxsim through ``patch()``.
+Rows (every library's torch path, its ``lik`` / ``flash`` kernel backends when importable, and
+maxsim through the library's ``patch()``):
+- PyLate training steps over precomputed embeddings (its real loss forward: normalise, score,
+  cross entropy or KL, backward), ColBERT shapes (Lq 32, Ld 90-180, d 128): ``Contrastive``
+  in-batch with one hard negative in fp32 (as PyLate's models produce embeddings) and under bf16
+  autocast; ``Distillation`` with 32 candidates a query.
+- PyLate ``rank.rerank`` of 32 queries over 100 ragged candidates each (lists of CUDA tensors).
+- colpali ``score_multi_vector`` of 16 queries (20 tokens) against 1K pages (1030 tokens), bf16.
+- Sentence Transformers 6 ``util.maxsim`` (``MultiVectorEncoder.similarity``): 32 queries against
+  1K ragged documents, fp32 lists. PyLate 1.6 pins Sentence Transformers 5: run this row in an
+  environment with Sentence Transformers 6 (``--only sentence-transformers``).
 
 Median ms from ``triton.testing.do_bench`` and the peak memory of one call above its inputs.
 
@@ -82,61 +86,167 @@ class _EmbeddingsModel(torch.nn.Module):
 
 
 PYLATE_SHAPE = (32, 180, 128)  # Lq, Ld, d
+DISTILLATION_CANDIDATES = 32  # documents a query in PyLate's Distillation (its KD examples use 32)
+RERANK_CANDIDATES = 100  # documents a query in rank.rerank (a first stage's top 100)
+PYLATE_CASES = {
+    "contrastive": "Contrastive step B={batch} (Lq {q}, Ld {d}, 1 positive + 1 negative, fp32)",
+    "contrastive-bf16": "Contrastive step B={batch} (same, bf16 autocast)",
+    "distillation": "Distillation step B={half} (Lq {q}, Ld {d}, " + str(DISTILLATION_CANDIDATES) + " candidates, fp32)",
+    "rerank": "rank.rerank {batch} queries x " + str(RERANK_CANDIDATES) + " candidates (Ld {d_lo}-{d}, fp32)",
+}
 
 
-def pylate_cell(batch: int, backend: str, result_path: str) -> dict:
-    """One PyLate Contrastive step with ``backend`` (torch, lik, flash, or maxsim through patch()),
-    in its own process."""
+def _pylate_features(embeddings, lengths=None):
+    """PyLate's tokenizer output for precomputed ``embeddings`` [B, L, d]: a mask of ``lengths``."""
+    rows_, length = embeddings.shape[:2]
+    device = embeddings.device
+    mask = torch.ones(rows_, length, dtype=torch.long, device=device)
+    if lengths is not None:
+        mask = (torch.arange(length, device=device)[None, :] < lengths.to(device)[:, None]).long()
+    return {"input_ids": torch.ones_like(mask), "attention_mask": mask, "embeddings": embeddings}
+
+
+def _pylate_training_step(case: str, batch: int):
+    """The step function of a PyLate loss over random embeddings (a fixed seed)."""
     from pylate import losses
-
-    from maxsim.integrations import pylate as maxsim_pylate
 
     q_len, d_len, dim = PYLATE_SHAPE
     device = "cuda"
-    torch.manual_seed(SEED)
-    queries = torch.randn(batch, q_len, dim, device=device, requires_grad=True)
-    documents = [torch.randn(batch, d_len, dim, device=device, requires_grad=True) for _ in range(2)]
-    lengths = torch.randint(d_len // 2, d_len + 1, (2, batch))
-
-    def features(embeddings, doc_lengths=None):
-        rows_, length = embeddings.shape[:2]
-        mask = torch.ones(rows_, length, dtype=torch.long, device=device)
-        if doc_lengths is not None:
-            mask = (torch.arange(length, device=device)[None, :] < doc_lengths.to(device)[:, None]).long()
-        return {"input_ids": torch.ones_like(mask), "attention_mask": mask, "embeddings": embeddings}
-
-    batch_features = [features(queries)] + [features(d, lengths[i]) for i, d in enumerate(documents)]
-    loss = losses.Contrastive(model=_EmbeddingsModel())
+    if case == "distillation":
+        batch = batch // 2
+        queries = torch.randn(batch, q_len, dim, device=device, requires_grad=True)
+        documents = [torch.randn(batch * DISTILLATION_CANDIDATES, d_len, dim, device=device, requires_grad=True)]
+        lengths = torch.randint(d_len // 2, d_len + 1, (1, batch * DISTILLATION_CANDIDATES))
+        labels = torch.randn(batch, DISTILLATION_CANDIDATES, device=device)
+        loss = losses.Distillation(model=_EmbeddingsModel())
+    else:
+        queries = torch.randn(batch, q_len, dim, device=device, requires_grad=True)
+        documents = [torch.randn(batch, d_len, dim, device=device, requires_grad=True) for _ in range(2)]
+        lengths = torch.randint(d_len // 2, d_len + 1, (2, batch))
+        labels = None
+        loss = losses.Contrastive(model=_EmbeddingsModel())
+    features = [_pylate_features(queries)] + [_pylate_features(d, lengths[i]) for i, d in enumerate(documents)]
 
     def step():
         for tensor in (queries, *documents):
             tensor.grad = None
-        value = loss(batch_features)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=case == "contrastive-bf16"):
+            value = loss(features, labels)
         value.backward()
-        return value.detach().reshape(1)
+        return value.detach().float().reshape(1)
 
+    return step
+
+
+def _pylate_rerank(batch: int):
+    """``rank.rerank`` of ``batch`` queries over RERANK_CANDIDATES documents of ragged lengths each
+    (lists of [L, d] CUDA tensors, as a first stage hands them over)."""
+    from pylate import rank
+
+    q_len, d_len, dim = PYLATE_SHAPE
+    queries = [torch.randn(q_len, dim, device="cuda") for _ in range(batch)]
+    lengths = torch.randint(d_len // 4, d_len + 1, (batch, RERANK_CANDIDATES)).tolist()
+    documents = [[torch.randn(n, dim, device="cuda") for n in row] for row in lengths]
+    ids = [list(range(RERANK_CANDIDATES))] * batch
+
+    def run():
+        ranked = rank.rerank(ids, queries, documents)
+        # the scores in candidate order: comparable across backends whatever the ties
+        return torch.tensor([[r["score"] for r in sorted(row, key=lambda r: r["id"])] for row in ranked])
+
+    return run
+
+
+def pylate_cell(case: str, batch: int, backend: str, result_path: str) -> dict:
+    """One PyLate case (a loss step, or a rerank) with ``backend`` (torch, lik, flash, or maxsim
+    through patch()), in its own process."""
+    from maxsim.integrations import pylate as maxsim_pylate
+
+    torch.manual_seed(SEED)
+    run = _pylate_rerank(batch) if case == "rerank" else _pylate_training_step(case, batch)
     os.environ["PYLATE_SCORES_BACKEND"] = "auto" if backend == "maxsim" else backend
     if backend == "maxsim":
         maxsim_pylate.patch()  # this process ends with the measurement: no unpatch
-    return _measure(step, result_path)
+    return _measure(run, result_path)
 
 
-def bench_pylate(rows, batch: int, tmp: str, timeout_s: float) -> None:
+def bench_pylate(rows, batch: int, tmp: str, timeout_s: float, cases) -> None:
     q_len, d_len, _ = PYLATE_SHAPE
-    label = f"pylate Contrastive step B={batch} (Lq {q_len}, Ld {d_len}, N 2, fp32)"
-    if not _importable("pylate"):
-        rows.append((label, "not installed (pylate)", "", ""))
+    for case in cases:
+        label = "pylate " + PYLATE_CASES[case].format(batch=batch, half=batch // 2, q=q_len, d=d_len, d_lo=d_len // 4)
+        if not _importable("pylate"):
+            rows.append((label, "not installed (pylate)", "", ""))
+            return
+        rows.append((label, "", "", ""))
+        path = {b: str(Path(tmp) / f"pylate-{case}-{b}.pt") for b in ("torch", "lik", "flash", "maxsim")}
+        _row(rows, "  pylate torch", pylate_cell, (case, batch, "torch"), path["torch"], timeout_s=timeout_s)
+        for backend, module in (("lik", "late_interaction_kernels"), ("flash", "flash_maxsim")):
+            if _importable(module):
+                _row(rows, f"  pylate {backend}", pylate_cell, (case, batch, backend), path[backend],
+                     reference_path=path["torch"], timeout_s=timeout_s)
+            else:
+                rows.append((f"  pylate {backend}", f"not installed ({module})", "", ""))
+        _row(rows, "  maxsim (patch)", pylate_cell, (case, batch, "maxsim"), path["maxsim"],
+             reference_path=path["torch"], timeout_s=timeout_s)
+
+
+def profile_pylate(case: str, batch: int) -> None:
+    """torch.profiler table of a few warm steps of ``case`` with maxsim patched (this process)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from maxsim.integrations import pylate as maxsim_pylate
+
+    torch.manual_seed(SEED)
+    run = _pylate_rerank(batch) if case == "rerank" else _pylate_training_step(case, batch)
+    maxsim_pylate.patch()
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+
+
+ST_SHAPE = (32, 1000, 32, 300, 128)  # queries, documents, Lq, max Ld, d
+
+
+def st_cell(backend: str, result_path: str) -> dict:
+    """Sentence Transformers 6's ``MultiVectorEncoder.similarity`` path (``util.maxsim`` over lists
+    of ragged fp32 embeddings, as ``encode`` returns them), its torch path or maxsim through patch()."""
+    import sentence_transformers
+    from sentence_transformers.util import similarity as st_similarity
+
+    from maxsim.integrations import sentence_transformers as maxsim_st
+
+    if int(sentence_transformers.__version__.split(".")[0]) < 6:
+        raise RuntimeError(f"needs sentence-transformers >= 6 (found {sentence_transformers.__version__})")
+    n_q, n_d, q_len, d_max, dim = ST_SHAPE
+    torch.manual_seed(SEED)
+    queries = [torch.nn.functional.normalize(torch.randn(q_len, dim, device="cuda"), dim=-1) for _ in range(n_q)]
+    documents = [torch.nn.functional.normalize(torch.randn(int(n), dim, device="cuda"), dim=-1)
+                 for n in torch.randint(d_max // 5, d_max + 1, (n_d,))]
+    if backend == "maxsim":
+        maxsim_st.patch()  # this process ends with the measurement: no unpatch
+
+    def score():
+        return st_similarity.maxsim(queries, documents)
+
+    return _measure(score, result_path)
+
+
+def bench_sentence_transformers(rows, tmp: str, timeout_s: float) -> None:
+    n_q, n_d, q_len, d_max, _ = ST_SHAPE
+    label = f"sentence-transformers 6 similarity {n_q} x {n_d} (Lq {q_len}, Ld {d_max // 5}-{d_max}, fp32 lists)"
+    if not _importable("sentence_transformers"):
+        rows.append((label, "not installed (sentence_transformers)", "", ""))
         return
     rows.append((label, "", "", ""))
-    path = {b: str(Path(tmp) / f"pylate-{b}.pt") for b in ("torch", "lik", "flash", "maxsim")}
-    _row(rows, "  pylate torch", pylate_cell, (batch, "torch"), path["torch"], timeout_s=timeout_s)
-    for backend, module in (("lik", "late_interaction_kernels"), ("flash", "flash_maxsim")):
-        if _importable(module):
-            _row(rows, f"  pylate {backend}", pylate_cell, (batch, backend), path[backend],
-                 reference_path=path["torch"], timeout_s=timeout_s)
-        else:
-            rows.append((f"  pylate {backend}", f"not installed ({module})", "", ""))
-    _row(rows, "  maxsim (patch)", pylate_cell, (batch, "maxsim"), path["maxsim"], reference_path=path["torch"],
+    path = {b: str(Path(tmp) / f"st-{b}.pt") for b in ("torch", "maxsim")}
+    _row(rows, "  sentence-transformers torch", st_cell, ("torch",), path["torch"], timeout_s=timeout_s)
+    _row(rows, "  maxsim (patch)", st_cell, ("maxsim",), path["maxsim"], reference_path=path["torch"],
          timeout_s=timeout_s)
 
 
@@ -184,19 +294,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=32, help="PyLate training batch (queries)")
     parser.add_argument("--pages", type=int, default=1000, help="colpali pages")
-    parser.add_argument("--skip-pylate", action="store_true")
-    parser.add_argument("--skip-colpali", action="store_true")
+    parser.add_argument("--only", default="pylate,colpali,sentence-transformers",
+                        help="comma-separated libraries (a PyLate environment pins Sentence Transformers 5)")
+    parser.add_argument("--pylate-cases", default=",".join(PYLATE_CASES),
+                        help="comma-separated: " + ", ".join(PYLATE_CASES))
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds one backend may take before its process is killed (a 'timeout' row)")
+    parser.add_argument("--profile", choices=list(PYLATE_CASES),
+                        help="instead of the table: torch.profiler's top ops (CPU and CUDA time) of this "
+                             "PyLate case with maxsim patched, where a step's time goes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("integrations_bench.py needs a CUDA GPU")
+    if args.profile:
+        profile_pylate(args.profile, args.batch)
+        return
     rows: list[tuple[str, str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="maxsim-integrations-") as tmp:
-        if not args.skip_pylate:
-            bench_pylate(rows, args.batch, tmp, args.timeout)
-        if not args.skip_colpali:
+        only = args.only.split(",")
+        if "pylate" in only:
+            bench_pylate(rows, args.batch, tmp, args.timeout, args.pylate_cases.split(","))
+        if "colpali" in only:
             bench_colpali(rows, args.pages, tmp, args.timeout)
+        if "sentence-transformers" in only:
+            bench_sentence_transformers(rows, tmp, args.timeout)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"{'case':72} {'median ms':>10} {'peak MB':>9} {'rel err':>8}")
     for name, ms, peak, error in rows:

@@ -30,6 +30,18 @@ def _processor_base():
     return BaseVisualRetrieverProcessor
 
 
+def _reference_scores(*args, **kwargs):
+    """colpali's own score_multi_vector on its einsum path: under auto it would take
+    late-interaction-kernels (TF32) wherever CUDA and that package are there."""
+    import os
+
+    os.environ["COLPALI_SCORES_BACKEND"] = "torch"
+    try:
+        return _processor_base().score_multi_vector(*args, **kwargs)
+    finally:
+        del os.environ["COLPALI_SCORES_BACKEND"]
+
+
 def _ragged(lengths, dim=16, shift=0.0):
     return [torch.nn.functional.normalize(torch.randn(n, dim), dim=-1) + shift for n in lengths]
 
@@ -72,8 +84,7 @@ def test_score_multi_vector_reproduces_chunked_padding(batch_size):
     # An empty passage alone in its chunk makes colpali's amax fail: keep it beside others there.
     lengths = (5, 12, 2, 8, 0, 3, 1, 9) if batch_size > 1 else (5, 12, 2, 8, 3, 1, 9)
     passages = _ragged(lengths, shift=-0.4)
-    Base = _processor_base()
-    expected = Base.score_multi_vector(queries, passages, batch_size=batch_size)
+    expected = _reference_scores(queries, passages, batch_size=batch_size)
     actual = mc.score_multi_vector(queries, passages, batch_size=batch_size)
     assert actual.dtype == torch.float32 and actual.device.type == "cpu" and actual.shape == (4, len(lengths))
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
@@ -85,18 +96,16 @@ def test_score_multi_vector_reproduces_chunked_padding(batch_size):
 def test_score_multi_vector_depends_on_chunking_like_colpali():
     queries = _ragged((4, 4))
     passages = _ragged((2, 10, 2, 2), shift=-0.5)
-    Base = _processor_base()
     small, large = (mc.score_multi_vector(queries, passages, batch_size=b) for b in (1, 4))
     assert not torch.allclose(small, large)  # the test inputs do exercise the padding rule
-    torch.testing.assert_close(small, Base.score_multi_vector(queries, passages, batch_size=1), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(large, Base.score_multi_vector(queries, passages, batch_size=4), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(small, _reference_scores(queries, passages, batch_size=1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(large, _reference_scores(queries, passages, batch_size=4), atol=1e-5, rtol=1e-5)
 
 
 def test_score_multi_vector_padded_tensors_and_errors():
     Q = torch.randn(3, 5, 16)
     P = torch.randn(6, 7, 16)
-    Base = _processor_base()
-    torch.testing.assert_close(mc.score_multi_vector(Q, P, batch_size=4), Base.score_multi_vector(Q, P, batch_size=4),
+    torch.testing.assert_close(mc.score_multi_vector(Q, P, batch_size=4), _reference_scores(Q, P, batch_size=4),
                                atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="No queries"):
         mc.score_multi_vector([], P)

@@ -18,7 +18,7 @@ from _shared import assert_grads_close, bindings, parameter_grads, relative_erro
 from maxsim.integrations import pylate as mp  # noqa: E402
 
 TORCH = "torch"  # PyLate's own einsum path
-SCORING_NAMES = {"colbert_scores", "colbert_kd_scores", "colbert_scores_pairwise"}
+SCORING_NAMES = {"colbert_scores", "colbert_kd_scores", "colbert_scores_pairwise", "rerank"}
 
 
 @pytest.fixture(autouse=True)
@@ -216,6 +216,8 @@ def test_patched_entry_points_run_maxsim(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(mp.maxsim, "maxsim", counting)
+    real_pairs = mp.maxsim.score_pairs_packed
+    monkeypatch.setattr(mp.maxsim, "score_pairs_packed", lambda *a, **k: calls.append("pairs") or real_pairs(*a, **k))
     Q, D = torch.randn(2, 4, 8), torch.randn(3, 2, 5, 8)
     scorer = PylateColBERTScores()  # made before patch(), like a loss's default metric
     expected = scorer(Q, D)
@@ -229,13 +231,49 @@ def test_patched_entry_points_run_maxsim(monkeypatch):
     assert calls == ["multiply"]
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     ranking = rank.rerank(ids, queries, documents)
-    assert len(calls) == 3
+    assert calls == ["multiply", "pairs"]  # both queries' candidates in one packed call
     for got, want in zip(ranking, expected_ranking):
         assert [r["id"] for r in got] == [r["id"] for r in want]
         np.testing.assert_allclose([r["score"] for r in got], [r["score"] for r in want], rtol=1e-5, atol=1e-5)
     mp.unpatch()
     scorer(Q, D)
-    assert len(calls) == 3
+    rank.rerank(ids, queries, documents)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("form", ["tensors", "numpy", "padded queries"])
+def test_rerank_matches_pylate(form):
+    """rank.rerank: PyLate pads each query's candidates to its longest with zero rows, which take
+    part in the max; mostly negative similarities make that rule decide many maxes."""
+    from pylate import rank
+
+    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    dim = 16
+    q_lengths = [5, 9, 1, 7] if form != "padded queries" else [6] * 4
+    queries = [torch.randn(n, dim, generator=generator) for n in q_lengths]
+    documents = [[torch.randn(int(n), dim, generator=generator) - 0.3
+                  for n in torch.randint(0, 12, (int(k),), generator=generator)]
+                 for k in torch.randint(1, 9, (len(queries),), generator=generator)]
+    documents[0][0] = torch.randn(11, dim, generator=generator) - 0.3  # a longest candidate, unpadded
+    ids = [[f"q{i}-d{j}" for j in range(len(candidates))] for i, candidates in enumerate(documents)]
+    if form == "numpy":
+        queries = [q.numpy() for q in queries]
+        documents = [[c.numpy() for c in candidates] for candidates in documents]
+    elif form == "padded queries":
+        queries = torch.stack(queries)
+    expected = rank.rerank(ids, queries, documents)
+    mp.patch()
+    actual = rank.rerank(ids, queries, documents)
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        want_scores = {r["id"]: r["score"] for r in want}
+        assert sorted(r["id"] for r in got) == sorted(want_scores)
+        # the same order, except between candidates whose PyLate scores tie within rounding
+        assert all(g["id"] == w["id"] or abs(want_scores[g["id"]] - w["score"]) < 1e-5 for g, w in zip(got, want))
+        np.testing.assert_allclose([r["score"] for r in got], [want_scores[r["id"]] for r in got], rtol=1e-5, atol=1e-5)
+        assert all(isinstance(r["score"], float) for r in got)
+    with pytest.raises(ValueError, match="no candidate"):
+        mp.rerank([[]], [torch.randn(3, dim)], [[]])
 
 
 class _TinyColBERT(torch.nn.Module):

@@ -31,10 +31,21 @@ def model():
 
 @pytest.fixture(autouse=True)
 def _pylate_torch_path(monkeypatch):
+    # PyLate's own runs take its einsum path (not its CUDA kernel backends); ours set "auto"
+    # (under "torch" the drop-in hands every call back to PyLate, as PyLate's variable says).
     monkeypatch.setenv("PYLATE_SCORES_BACKEND", "torch")
     mp.unpatch()
     yield
     mp.unpatch()
+
+
+def _use_maxsim(on: bool = True) -> None:
+    """patch() and the backend variable at "auto" (maxsim's own path), or both back."""
+    os.environ["PYLATE_SCORES_BACKEND"] = "auto" if on else "torch"
+    if on:
+        mp.patch()
+    else:
+        mp.unpatch()
 
 
 def test_encode_rerank_similarity(model):
@@ -52,7 +63,7 @@ def test_encode_rerank_similarity(model):
     padded_queries = torch.stack([torch.as_tensor(q) for q in query_embeddings[:2]])
     expected_similarity = model.similarity(padded_queries, padded_documents)
 
-    mp.patch()  # the model was loaded before: its similarity must follow
+    _use_maxsim()  # the model was loaded before: its similarity must follow
     actual = rank.rerank(ids, query_embeddings, per_query_documents)
     for got, want in zip(actual, expected):
         assert [r["id"] for r in got] == [r["id"] for r in want]
@@ -88,17 +99,20 @@ def test_training_step(model, loss_name):
         return value.detach(), parameter_grads(model)
 
     expected_loss, expected_grads = step()
-    mp.patch()
+    _use_maxsim()
     actual_loss, actual_grads = step()
     torch.testing.assert_close(actual_loss, expected_loss, atol=1e-5, rtol=1e-5)
     assert_grads_close(actual_grads, expected_grads, tolerance=1e-4)
 
 
-def test_workflow_train_encode_and_search_a_corpus():
-    """A user's whole flow at toy size: a few Contrastive steps with patch(), the trained model
-    encodes a corpus, ``maxsim.Corpus`` searches it; every step against unpatched PyLate from the
-    same start (the same weights after training, the same top-10 as PyLate's exhaustive rerank).
-    (PyLate's PLAID index needs fast-plaid, which has no build for this torch: not here.)"""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_workflow_train_encode_and_search_a_corpus(device, tmp_path):
+    """A user's whole flow: a few Contrastive steps with patch(), the trained model encodes a
+    corpus, ``maxsim.Corpus`` searches it; every step against unpatched PyLate from the same start
+    (the same weights after training, the same top-10 as PyLate's exhaustive rerank). On the GPU,
+    also PyLate's own PLAID index (fast-plaid) and ``maxsim.index`` over that index's files."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
     from pylate import losses, models, rank
 
     import maxsim
@@ -107,11 +121,11 @@ def test_workflow_train_encode_and_search_a_corpus():
 
     def trained(patched: bool):
         torch.manual_seed(0)
-        colbert = models.ColBERT(model_name_or_path=minilm_dir(), device="cpu", document_length=64)
+        colbert = models.ColBERT(model_name_or_path=minilm_dir(), device=device, document_length=64)
         colbert.eval()  # no dropout: both runs see the same activations
         optimizer = torch.optim.SGD(colbert.parameters(), lr=1e-3)
         if patched:
-            mp.patch()
+            _use_maxsim()
         try:
             loss = losses.Contrastive(model=colbert)
             for step in range(3):
@@ -119,22 +133,24 @@ def test_workflow_train_encode_and_search_a_corpus():
                 features = [colbert.tokenize(queries[pick], is_query=True),
                             colbert.tokenize(documents[pick], is_query=False, pad=True),
                             colbert.tokenize(documents[20 + 4 * step:24 + 4 * step], is_query=False, pad=True)]
+                features = [{key: value.to(device) for key, value in f.items()} for f in features]  # as a Trainer does
                 optimizer.zero_grad()
                 loss(features, None).backward()
                 optimizer.step()
         finally:
-            mp.unpatch()
+            _use_maxsim(False)
         return colbert
 
     ours, theirs = trained(True), trained(False)
     for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+        # (cuBLAS may pick different reduction orders for the two runs' matmuls on the GPU)
+        torch.testing.assert_close(a, b, atol=1e-5 if device == "cpu" else 1e-4, rtol=1e-4, msg=name)
 
     document_embeddings = ours.encode(documents, is_query=False, convert_to_tensor=False)
     query_embeddings = ours.encode(queries[:8], is_query=True)
     corpus = maxsim.Corpus.from_list([torch.as_tensor(d) for d in document_embeddings],
                                      ids=[f"doc-{j}" for j in range(len(documents))])
-    result = corpus.search([torch.as_tensor(q) for q in query_embeddings], 10, progress=False)
+    result = corpus.search([torch.as_tensor(q) for q in query_embeddings], 10, progress=False, device=device)
     # PyLate, unpatched, exhaustively: every document reranked for every query
     expected = rank.rerank([list(range(len(documents)))] * 8, query_embeddings, [document_embeddings] * 8)
     for q in range(8):
@@ -145,3 +161,28 @@ def test_workflow_train_encode_and_search_a_corpus():
         assert all(g == w or abs(scores[g] - scores[w]) < 1e-4 for g, w in zip(got, want)), (q, got, want)
         assert result.ids[q][0] == f"doc-{got[0]}"
     assert sum(q in result.indices[q, :3].tolist() for q in range(8)) >= 5  # queries find their article
+    if device == "cuda":
+        _plaid_index_agrees(document_embeddings, query_embeddings, expected, tmp_path)
+
+
+def _plaid_index_agrees(document_embeddings, query_embeddings, exhaustive, tmp_path):
+    """PyLate's PLAID index (fast-plaid) over the corpus, and ``maxsim.index`` over its files: the
+    same top-1 for most queries as PyLate's index and as the exhaustive ranking."""
+    pytest.importorskip("fast_plaid")
+    from pylate import indexes
+
+    import maxsim.index
+
+    plaid = indexes.PLAID(index_folder=str(tmp_path), index_name="lee", override=True, nbits=4,
+                          show_progress=False, device="cuda")
+    plaid.add_documents(documents_ids=[str(j) for j in range(len(document_embeddings))],
+                        documents_embeddings=document_embeddings)
+    theirs = plaid(query_embeddings, k=10)
+    index = maxsim.index.load(tmp_path / "lee" / "fast_plaid_index", device="cuda")
+    queries = torch.stack([torch.as_tensor(q) for q in query_embeddings]).cuda()  # [8, 32, d]: expanded queries
+    _, pids = index.search(queries, k=10)
+    for q in range(len(query_embeddings)):
+        best = int(pids[q, 0])
+        assert best in (int(theirs[q][0]["id"]), exhaustive[q][0]["id"]), (q, best, theirs[q][:3])
+    # 40 documents under 4-bit residuals: the approximate top-1 is the exhaustive one for most queries
+    assert sum(int(pids[q, 0]) == exhaustive[q][0]["id"] for q in range(len(query_embeddings))) >= 6

@@ -76,6 +76,10 @@ def test_ragged_lists_single_items_numpy_and_half():
     expected = st_similarity.maxsim(a16.float(), b16.float())  # maxsim's products are exact in fp32
     torch.testing.assert_close(ms.maxsim(a16, b16), expected, **EXACT)
     assert relative_error(ms.maxsim(a16, b16), st_similarity.maxsim(a16, b16)) < 5e-2
+    half_lists = ms.maxsim([q.half() for q in queries], [d.half() for d in documents])  # packed, no padding
+    assert half_lists.dtype == torch.float32
+    torch.testing.assert_close(half_lists, st_similarity.maxsim([q.half().float() for q in queries],
+                                                                [d.half().float() for d in documents]), **EXACT)
     per_item_masks = [torch.ones(3), torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0]), torch.ones(1)]
     torch.testing.assert_close(ms.maxsim(queries, documents, a_mask=per_item_masks),
                                st_similarity.maxsim(queries, documents, a_mask=per_item_masks), **EXACT)

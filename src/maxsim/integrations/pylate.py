@@ -39,6 +39,7 @@ __all__ = [
     "colbert_kd_scores",
     "colbert_scores_pairwise",
     "ColBERTScores",
+    "rerank",
     "patch",
     "unpatch",
 ]
@@ -195,6 +196,103 @@ def colbert_scores_pairwise(
     return scores.to(out_dtype)
 
 
+# Token elements (tokens x dim) packed at once by rerank(): about 1 GiB of fp32 a group of queries.
+_RERANK_GROUP_ELEMENTS = 1 << 28
+
+
+def _rerank_item(x, name: str) -> torch.Tensor:
+    """One query's or one document's embeddings as ``[L, d]`` (``convert_to_tensor``'s rules)."""
+    tensor = _to_tensor(x, name)
+    if tensor.dim() != 2:
+        raise ValueError(f"{name} must be [L, d]; got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def _rerank_group(queries, documents, device) -> list[torch.Tensor]:
+    """Scores of each query against its own candidates, one packed call for the group.
+
+    PyLate pads each query's candidates to its longest one with zero rows and takes the max over
+    them all: a candidate shorter than that longest one also sees a similarity of 0. One zero row
+    appended to exactly those candidates gives the same maxes with nothing else padded."""
+    target = torch.device(device) if device is not None else queries[0].device
+    zero = documents[0][0].new_zeros(1, documents[0][0].shape[-1])  # [1, d]
+    pieces, doc_lengths, pair_q = [], [], []
+    for b, candidates in enumerate(documents):
+        longest = max(candidate.shape[0] for candidate in candidates)
+        for candidate in candidates:
+            pieces.append(candidate)
+            if candidate.shape[0] < longest:
+                pieces.append(zero.to(candidate.device, candidate.dtype))
+            doc_lengths.append(candidate.shape[0] + (candidate.shape[0] < longest))
+        pair_q.extend([b] * len(candidates))
+    packed_d = torch.cat(pieces).to(target)  # [Td, d]: one copy to the scoring device
+    packed_q = torch.cat([q.to(target) for q in queries])  # [Tq, d]
+    q_lengths = [q.shape[0] for q in queries]
+    cu_q = torch.tensor([0] + q_lengths, device=target).cumsum(0)  # [B + 1]
+    cu_d = torch.tensor([0] + doc_lengths, device=target).cumsum(0)  # [P + 1]
+    dtype = compute_dtype(packed_q, packed_d)
+    out_dtype = scores_dtype(torch.promote_types(packed_q.dtype, packed_d.dtype), target)
+    scores = maxsim.score_pairs_packed(
+        as_compute(packed_q, dtype), as_compute(packed_d, dtype), cu_q, cu_d,
+        torch.tensor(pair_q, device=target), torch.arange(len(pair_q), device=target),
+        max_seqlen_q=max(q_lengths), max_seqlen_d=max(doc_lengths))  # [P] fp32
+    return list((scores if scores.dtype == out_dtype else scores.to(out_dtype)).split(
+        [len(candidates) for candidates in documents]))
+
+
+def rerank(documents_ids, queries_embeddings, documents_embeddings, device=None) -> list[list[dict]]:
+    """``pylate.rank.rerank``: each query's candidates sorted by MaxSim, best first, as
+    ``[[{"id": ..., "score": float}, ...], ...]``.
+
+    ``queries_embeddings``: ``[Nq, Lq, d]``, or a list of ``[Lq_i, d]`` (one ``[Lq, d]`` is one
+    query); ``documents_embeddings[i]``: query i's candidates, ``[L_j, d]`` each (tensors, arrays
+    or lists); ``documents_ids[i]`` their ids. The scores are PyLate's (its zero-padding rule, its
+    dtype); all queries' candidates are packed and scored in one kernel call (per group of about
+    1 GiB of tokens), and sorted on the device, where PyLate loops over the queries.
+    """
+    if _resolve_backend(None) != "auto":
+        from pylate.rank import rank as pylate_rank
+
+        return _ORIGINALS.get("rerank", pylate_rank.rerank)(documents_ids, queries_embeddings,
+                                                            documents_embeddings, device=device)
+    if isinstance(queries_embeddings, (torch.Tensor, np.ndarray)) and queries_embeddings.ndim == 2:
+        queries_embeddings = queries_embeddings[None]  # one query
+    if isinstance(documents_embeddings, (torch.Tensor, np.ndarray)) and documents_embeddings.ndim == 2:
+        documents_embeddings = documents_embeddings[None]
+    queries = [_rerank_item(q, f"queries_embeddings[{i}]") for i, q in enumerate(queries_embeddings)]
+    documents = [[_rerank_item(c, f"documents_embeddings[{i}][{j}]") for j, c in enumerate(candidates)]
+                 for i, candidates in enumerate(documents_embeddings)]
+    count = min(len(queries), len(documents), len(documents_ids))  # zip's rule, as PyLate's loop
+    queries, documents, ids = queries[:count], documents[:count], list(documents_ids)[:count]
+    for i, candidates in enumerate(documents):
+        if not candidates:
+            raise ValueError(f"query {i} has no candidate documents to rerank")
+        if len(ids[i]) < len(candidates):
+            raise ValueError(f"documents_ids[{i}] has {len(ids[i])} ids for {len(candidates)} candidates")
+    results: list[list[dict]] = []
+    start = 0
+    while start < count:  # groups of queries whose candidates' tokens fit the budget
+        stop, elements = start, 0
+        while stop < count and (stop == start or elements < _RERANK_GROUP_ELEMENTS):
+            elements += sum(c.numel() for c in documents[stop])
+            stop += 1
+        scores = _rerank_group(queries[start:stop], documents[start:stop], device)
+        widest = max(s.numel() for s in scores)
+        table = torch.full((len(scores), widest), float("-inf"), dtype=scores[0].dtype, device=scores[0].device)
+        for row, s in enumerate(scores):  # [G, K]: -inf after each query's own candidates
+            table[row, : s.numel()] = s
+        # stable: a candidate scored -inf stays before the -inf filling
+        sorted_scores, order = torch.sort(table, dim=1, descending=True, stable=True)
+        sorted_scores, order = sorted_scores.cpu().tolist(), order.cpu().tolist()
+        for row, s in enumerate(scores):
+            query_ids = ids[start + row]
+            kept = s.numel()
+            results.append([{"id": query_ids[j], "score": value}
+                            for j, value in zip(order[row][:kept], sorted_scores[row][:kept])])
+        start = stop
+    return results
+
+
 class ColBERTScores:
     """``pylate.scores.ColBERTScores``: queries ``[Nq, Lq, d]`` against stacked document groups
     ``[Q_doc, N, Ld, d]`` -> ``[Nq, Q_doc * N]``, query-major: column ``j * N + k`` is document
@@ -257,15 +355,19 @@ def patch() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    from pylate.rank import rank as pylate_rank
+
     _ORIGINALS.update(
         colbert_scores=pylate_colbert.colbert_scores,
         colbert_kd_scores=pylate_colbert.colbert_kd_scores,
         colbert_scores_pairwise=pylate_colbert.colbert_scores_pairwise,
+        rerank=pylate_rank.rerank,
     )
     replacements = {
         pylate_colbert.colbert_scores: colbert_scores,
         pylate_colbert.colbert_kd_scores: colbert_kd_scores,
         pylate_colbert.colbert_scores_pairwise: colbert_scores_pairwise,
+        pylate_rank.rerank: rerank,
     }
     try:
         rebind_everywhere(_PATCHES, "pylate", replacements)

@@ -44,6 +44,7 @@ __all__ = [
 EMPTY_DOCUMENT_SCORE = -1e9
 
 _maxsim = maxsim.maxsim  # the name `maxsim` below is this module's drop-in
+_maxsim_varlen, _pack = maxsim.maxsim_varlen, maxsim.pack
 _PATCHES = PatchSet()
 # The sentence-transformers releases this drop-in was tested with: (lowest, below); patch() warns outside them.
 TESTED_VERSIONS = ("6.0", "7.0")
@@ -165,6 +166,32 @@ def _score_sides(a: _Side, b: _Side, length_normalize: bool, device, pairwise: b
     return scores.to(result_device)
 
 
+def _ragged_tensors(x) -> bool:
+    """A non-empty list of ``[L_i, d]`` tensors on one device: what ``encode`` returns."""
+    return (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in x)
+            and len({t.device for t in x}) == 1)
+
+
+def _score_lists(a: list, b: list, length_normalize: bool, device) -> torch.Tensor:
+    """``maxsim`` of two lists of tensors, packed (each side one copy, no padding, no mask):
+    ``[Na, Nb]`` fp32 on the documents' device, with the padded path's rules."""
+    result_device = b[0].device
+    scoring_device = torch.device(device) if device is not None else result_device
+    if a[0].shape[-1] != b[0].shape[-1]:
+        raise ValueError(f"a and b must have the same embedding dimension; got {a[0].shape[-1]} and {b[0].shape[-1]}")
+    dtype = compute_dtype(a[0], b[0])
+    packed_q, cu_q, max_q = _pack([as_compute(t, dtype) for t in a])  # [Tq, d], [Na + 1]
+    packed_d, cu_d, max_d = _pack([as_compute(t, dtype) for t in b])  # [Td, d], [Nb + 1]
+    scores = _maxsim_varlen(packed_q.to(scoring_device), packed_d.to(scoring_device), cu_q.to(scoring_device),
+                                  cu_d.to(scoring_device), max_q, max_d)  # [Na, Nb]
+    doc_lengths = torch.tensor([t.shape[0] for t in b], device=scores.device)  # [Nb]
+    scores = scores.masked_fill((doc_lengths == 0).unsqueeze(0), EMPTY_DOCUMENT_SCORE)
+    if length_normalize:
+        counts = torch.tensor([max(t.shape[0], 1) for t in a], dtype=scores.dtype, device=scores.device)  # [Na]
+        scores = scores / counts.unsqueeze(1)
+    return scores.to(result_device)
+
+
 def maxsim(
     a: list | np.ndarray | torch.Tensor,
     b: list | np.ndarray | torch.Tensor,
@@ -179,6 +206,8 @@ def maxsim(
     ``a`` / ``b``: padded ``[N, L, d]``, a list of ``[L_i, d]``, or one ``[L, d]`` (a batch of one).
     Masks ``[N, L]`` (or ``[L]`` with a bare item, or a list of per-item masks).
     """
+    if a_mask is None and b_mask is None and _ragged_tensors(a) and _ragged_tensors(b):
+        return _score_lists(list(a), list(b), length_normalize, device)
     a_side = _Side(a, a_mask, "a", "a_mask")
     b_side = _Side(b, b_mask, "b", "b_mask")
     if a_side.count == 0 or b_side.count == 0:
