@@ -159,3 +159,41 @@ def test_a_users_mistakes_are_one_line_naming_the_fix(tmp_path, capsys, monkeypa
     monkeypatch.setenv("MAXSIM_DEBUG", "1")  # the traceback, for a bug report
     with pytest.raises(ValueError):
         main(search + ["--queries", str(tmp_path / "q64.npy").replace("q64", "nokey").replace(".npy", ".pt")])
+
+
+def test_index_progress_counts_every_input_and_closes(tmp_path, monkeypatch):
+    """The index bar: one step of an input file's bytes, each input named while it is worked on."""
+    import maxsim.search.cli as search_cli
+    from maxsim.cli import main
+
+    class Recorder:
+        def __init__(self, progress, total, description, unit):
+            self.total, self.done, self.postfixes, self.closed = total, 0, [], False
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfixes.append(text)
+
+        def close(self):
+            self.closed = True
+
+    bars = []
+    monkeypatch.setattr(search_cli, "progress_bar", Recorder)
+    rng = np.random.default_rng()
+    inputs = []
+    for n, count in enumerate((3, 5)):
+        lengths = rng.integers(1, 9, size=count)
+        np.save(tmp_path / f"d{n}.npy", rng.standard_normal((int(lengths.sum()), 8)).astype(np.float32))
+        np.save(tmp_path / f"l{n}.npy", lengths)
+        inputs.append(n)
+    argv = ["index", "--out", str(tmp_path / "c"), str(tmp_path / "d0.npy"), str(tmp_path / "d1.npy"),
+            "--lengths", str(tmp_path / "l0.npy"), "--lengths", str(tmp_path / "l1.npy")]
+    assert main(argv) == 0
+    (bar,) = bars
+    sizes = [(tmp_path / f"d{n}.npy").stat().st_size for n in inputs]
+    assert bar.total == bar.done == sum(sizes) and bar.closed
+    assert any("d0.npy" in text for text in bar.postfixes) and any("d1.npy" in text for text in bar.postfixes)
+    assert len(maxsim.Corpus.load(tmp_path / "c")) == 8

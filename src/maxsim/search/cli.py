@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from maxsim._progress import progress_bar
 from maxsim.search import format as corpus_format
 
 INDEX_EXAMPLE = """example:
@@ -222,7 +223,8 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
                         "cpu (default: cuda when available)")
     p.add_argument("--append", action="store_true", help="add to the corpus at --out")
     p.add_argument("--overwrite", action="store_true", help="replace the corpus at --out")
-    p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.add_argument("--quiet", action="store_true", help="no summary line, no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows on a terminal, with tqdm)")
     p.set_defaults(run=run_index)
     return p
 
@@ -249,7 +251,6 @@ def run_index(args) -> int:
     if args.num_centroids is not None and args.num_centroids < 1:
         print(f"maxsim index: --num-centroids must be at least 1; got {args.num_centroids}", file=sys.stderr)
         return 2
-    documents = tokens = next_id = 0
     append = args.append
     encoding = args.encoding or args.dtype
     codec = None
@@ -278,7 +279,23 @@ def run_index(args) -> int:
         print(f"maxsim index: {args.out} already holds a corpus: --append adds to it, --overwrite replaces it",
               file=sys.stderr)
         return 2
+    # one step an input file's bytes: load, check, (train,) encode and save it
+    sizes = [Path(path).stat().st_size if Path(path).is_file() else 0 for path in args.inputs]
+    bar = progress_bar(False if args.quiet or args.no_progress else None, sum(sizes), "maxsim index", "B")
+    try:
+        return _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed, device, append)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed, device, append) -> int:
+    from maxsim.search.corpus import Corpus
+
+    documents = tokens = next_id = 0
     for n, path in enumerate(args.inputs):
+        if bar is not None:
+            bar.set_postfix_str(f"{Path(path).name}: loading", refresh=True)
         packed, lengths, ids = load_embeddings(path, (args.lengths or [None] * len(args.inputs))[n])
         if encoding is None and packed.dtype not in _DTYPES.values():
             print(f"maxsim index: {path} holds {str(packed.dtype).replace('torch.', '')} embeddings: store them "
@@ -296,6 +313,9 @@ def run_index(args) -> int:
                 next_id = int(old.max()) + 1 if isinstance(old, np.ndarray) and len(old) else 0
             ids = np.arange(next_id, next_id + lengths.size, dtype=np.int64)
             next_id += lengths.size
+        if bar is not None:
+            bar.set_postfix_str(f"{Path(path).name}: {'encoding' if encoding else 'storing'} {lengths.size} documents",
+                                refresh=True)
         if compressed:
             if codec is None:
                 codec = _train_codec(args, encoding, packed, device)
@@ -308,6 +328,8 @@ def run_index(args) -> int:
         append = True
         documents += len(corpus)
         tokens += corpus.num_tokens
+        if bar is not None:
+            bar.update(sizes[n])
     seconds = time.perf_counter() - start
     if not args.quiet:
         print(f"maxsim index: {documents} documents, {tokens} tokens -> {args.out} in {seconds:.2f} s "
