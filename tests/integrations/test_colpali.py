@@ -66,7 +66,8 @@ def test_inbatch_and_kd(dtype):
 
 def test_the_backend_variable_keeps_its_meaning(monkeypatch):
     calls = []
-    monkeypatch.setattr(mc.maxsim, "maxsim", lambda *a, **k: calls.append(1) or torch.zeros(0))
+    for name in ("maxsim", "maxsim_varlen"):
+        monkeypatch.setattr(mc.maxsim, name, lambda *a, **k: calls.append(1) or torch.zeros(0))
     Q, D = torch.randn(2, 3, 8), torch.randn(4, 5, 8)
     monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")  # colpali's own path, not maxsim
     assert torch.equal(mc.maxsim_inbatch(Q, D), colpali_maxsim.maxsim_inbatch(Q, D)) and not calls
@@ -172,6 +173,8 @@ def test_patch_reaches_processor_score_and_is_reversible(monkeypatch):
     calls = []
     real = mc.maxsim.maxsim
     monkeypatch.setattr(mc.maxsim, "maxsim", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_varlen = mc.maxsim.maxsim_varlen  # score_multi_vector's packed path
+    monkeypatch.setattr(mc.maxsim, "maxsim_varlen", lambda *a, **k: calls.append(2) or real_varlen(*a, **k))
     mc.patch()
     mc.patch()
     assert all(value is getattr(mc, name) for (_, name), value in bindings("colpali_engine", NAMES).items())

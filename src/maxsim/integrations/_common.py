@@ -161,3 +161,26 @@ def score_ragged_pairs(queries: list[torch.Tensor], documents: list[torch.Tensor
     return maxsim.score_pairs_packed(
         packed_q, packed_d, cu_q, cu_d, pair_index, pair_index, max_seqlen_q=max_q, max_seqlen_d=max_d
     )
+
+
+def pack_with_zero_rows(items: list[torch.Tensor], zero_row: list[bool], device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Pack ``[L_i, d]`` tensors, each followed by one zero row where ``zero_row[i]``, on ``device``
+    -> ``(packed [T, d], cu_seqlens int64 [N + 1], longest)``.
+
+    The libraries pad a group of documents to its longest with zero rows, and a zero row takes part
+    in the max (similarity 0): one zero row after each shorter document gives the same maxes with
+    nothing else padded. One ``torch.cat`` (batched copies, not one copy a document) and one
+    transfer to ``device``."""
+    zero = items[0].new_zeros(1, items[0].shape[-1])  # [1, d]
+    pieces: list[torch.Tensor] = []
+    lengths: list[int] = []
+    for item, pad in zip(items, zero_row):
+        pieces.append(item)
+        if pad:
+            pieces.append(zero if zero.device == item.device and zero.dtype == item.dtype
+                          else zero.to(item.device, item.dtype))
+        lengths.append(item.shape[0] + int(pad))
+    packed = torch.cat(pieces).to(device)  # [T, d]
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=cu[1:])
+    return packed, cu.to(packed.device), max(lengths)

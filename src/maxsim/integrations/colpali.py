@@ -16,10 +16,10 @@ token (its similarity is 0). The functions below keep exactly that:
   late-interaction-kernels backend's, for 16-bit inputs too), the einsum's (the inputs') elsewhere;
 - ``score_multi_vector``: colpali pads each chunk of ``batch_size`` passages to that chunk's
   longest, so a passage shorter than its chunk's longest also "contains" zero tokens, and its
-  score depends on the chunking. This is reproduced exactly, in one maxsim call per group of
-  chunks: the passages are padded to the longest, and a mask keeps each passage's tokens up to
-  its chunk's longest (the chunk's zero padding included) and excludes the rest. Output fp32 on
-  the CPU, as colpali's.
+  score depends on the chunking. This is reproduced exactly, without padding: the passages are
+  packed, each one shorter than its chunk's longest followed by one zero row (the same maxes),
+  and scored by ``maxsim_varlen`` a group of about 64 MiB at a time. Output fp32 on the CPU, as
+  colpali's.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ import os
 import torch
 
 import maxsim
-from maxsim.integrations._common import (PatchSet, as_compute, compute_dtype, rebind_everywhere, require_library,
-                                         scores_dtype)
+from maxsim.integrations._common import (PatchSet, as_compute, compute_dtype, pack_with_zero_rows, rebind_everywhere,
+                                         require_library, scores_dtype)
 
 __all__ = ["score_multi_vector", "maxsim_inbatch", "maxsim_kd", "patch", "unpatch"]
 
 _PATCHES = PatchSet()
 # The colpali-engine releases this drop-in was tested with: (lowest, below); patch() warns outside them.
 TESTED_VERSIONS = ("0.3.18", "0.4")
-# Upper bound on the padded passages handed to one maxsim call (elements), to bound memory.
-_GROUP_ELEMENTS = 1 << 28
+# Passage token elements packed for one maxsim call (64 MiB of bf16), to bound memory.
+_GROUP_ELEMENTS = 1 << 25
 _BACKENDS = ("auto", "torch", "lik")
 # colpali's own functions, saved by patch(): COLPALI_SCORES_BACKEND=torch / lik delegates to them.
 _ORIGINALS: dict[str, object] = {}
@@ -138,27 +138,25 @@ def score_multi_vector(
     queries = _items(qs, "qs")
     passages = _items(ps, "ps")
     dtype = compute_dtype(*queries[:1], *passages[:1])
-    # Zero query rows add max(0 . p) = 0 whatever the padding, so one padded tensor serves.
-    query_batch = torch.nn.utils.rnn.pad_sequence(queries, batch_first=True).to(device)  # [Nq, Lq, d]
-    query_batch = as_compute(query_batch, dtype)
-
-    lengths = torch.tensor([p.shape[0] for p in passages])  # [Np]
-    chunk_longest = torch.stack([chunk.max() for chunk in lengths.split(batch_size)])  # [ceil(Np / batch_size)]
-    visible = chunk_longest.repeat_interleave(batch_size)[: len(passages)]  # [Np]: tokens each passage shows
-
-    dim = passages[0].shape[-1]
-    chunks_per_group = max(1, _GROUP_ELEMENTS // max(1, batch_size * int(chunk_longest.max()) * dim))
-    group_size = chunks_per_group * batch_size
+    # Zero query rows add max(0 . p) = 0 whatever the padding: the queries are packed unpadded.
+    packed_q, cu_q, max_q = pack_with_zero_rows([as_compute(q, dtype) for q in queries], [False] * len(queries),
+                                                device)  # [Tq, d], [Nq + 1]
+    lengths = [p.shape[0] for p in passages]
+    # colpali's chunks of batch_size passages, each padded to its longest: the shorter ones see a 0
+    chunk_longest = [max(lengths[a : a + batch_size]) for a in range(0, len(lengths), batch_size)]
+    zero_row = [n < chunk_longest[i // batch_size] for i, n in enumerate(lengths)]
     score_groups = []
-    for start in range(0, len(passages), group_size):
-        group = passages[start : start + group_size]
-        padded = torch.nn.utils.rnn.pad_sequence(group, batch_first=True).to(device)  # [G, Lg, d]
-        positions = torch.arange(padded.shape[1], device=padded.device)  # [Lg]
-        group_visible = visible[start : start + group_size].to(padded.device)
-        mask = positions.unsqueeze(0) < group_visible.unsqueeze(1)  # [G, Lg]: real or the chunk's zero padding
-        scores = maxsim.maxsim(query_batch, as_compute(padded, dtype), None, mask)  # [Nq, G] fp32
-        score_groups.append(scores.cpu())
-    return torch.cat(score_groups, dim=1).to(torch.float32)
+    start = 0
+    while start < len(passages):  # groups of about _GROUP_ELEMENTS token elements, one call each
+        stop, elements = start, 0
+        while stop < len(passages) and (stop == start or elements < _GROUP_ELEMENTS):
+            elements += passages[stop].numel()
+            stop += 1
+        packed_p, cu_p, max_p = pack_with_zero_rows([as_compute(p, dtype) for p in passages[start:stop]],
+                                                    zero_row[start:stop], device)  # [Tp, d], [G + 1]
+        score_groups.append(maxsim.maxsim_varlen(packed_q, packed_p, cu_q, cu_p, max_q, max_p))  # [Nq, G] fp32
+        start = stop
+    return torch.cat(score_groups, dim=1).cpu().to(torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 import maxsim
-from maxsim.integrations._common import (PatchSet, as_compute, compute_dtype, rebind_everywhere, require_library,
-                                         score_ragged_pairs, scores_dtype)
+from maxsim.integrations._common import (PatchSet, as_compute, compute_dtype, pack_with_zero_rows, rebind_everywhere,
+                                         require_library, score_ragged_pairs, scores_dtype)
 
 __all__ = [
     "colbert_scores",
@@ -215,27 +215,20 @@ def _rerank_group(queries, documents, device) -> list[torch.Tensor]:
     them all: a candidate shorter than that longest one also sees a similarity of 0. One zero row
     appended to exactly those candidates gives the same maxes with nothing else padded."""
     target = torch.device(device) if device is not None else queries[0].device
-    zero = documents[0][0].new_zeros(1, documents[0][0].shape[-1])  # [1, d]
-    pieces, doc_lengths, pair_q = [], [], []
+    flat, zero_row, pair_q = [], [], []
     for b, candidates in enumerate(documents):
         longest = max(candidate.shape[0] for candidate in candidates)
-        for candidate in candidates:
-            pieces.append(candidate)
-            if candidate.shape[0] < longest:
-                pieces.append(zero.to(candidate.device, candidate.dtype))
-            doc_lengths.append(candidate.shape[0] + (candidate.shape[0] < longest))
+        flat.extend(candidates)
+        zero_row.extend(candidate.shape[0] < longest for candidate in candidates)
         pair_q.extend([b] * len(candidates))
-    packed_d = torch.cat(pieces).to(target)  # [Td, d]: one copy to the scoring device
-    packed_q = torch.cat([q.to(target) for q in queries])  # [Tq, d]
-    q_lengths = [q.shape[0] for q in queries]
-    cu_q = torch.tensor([0] + q_lengths, device=target).cumsum(0)  # [B + 1]
-    cu_d = torch.tensor([0] + doc_lengths, device=target).cumsum(0)  # [P + 1]
+    packed_d, cu_d, max_d = pack_with_zero_rows(flat, zero_row, target)  # [Td, d], [P + 1]
+    packed_q, cu_q, max_q = pack_with_zero_rows(queries, [False] * len(queries), target)  # [Tq, d], [B + 1]
     dtype = compute_dtype(packed_q, packed_d)
     out_dtype = scores_dtype(torch.promote_types(packed_q.dtype, packed_d.dtype), target)
     scores = maxsim.score_pairs_packed(
         as_compute(packed_q, dtype), as_compute(packed_d, dtype), cu_q, cu_d,
         torch.tensor(pair_q, device=target), torch.arange(len(pair_q), device=target),
-        max_seqlen_q=max(q_lengths), max_seqlen_d=max(doc_lengths))  # [P] fp32
+        max_seqlen_q=max_q, max_seqlen_d=max_d)  # [P] fp32
     return list((scores if scores.dtype == out_dtype else scores.to(out_dtype)).split(
         [len(candidates) for candidates in documents]))
 
