@@ -60,8 +60,12 @@ for step in "$@"; do
       ( export PYTHONPATH="/tmp/site-int:$PWD/.whl-int/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
         timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integrations -rs 2>&1 | tee "$OUT/integrations-tests.log" \
           | grep -E "^FAILED|^ERROR|passed|failed" | tail -20
-        timeout 400 python3 benchmarks/integrations_bench.py --only pylate,colpali --timeout 120 2>&1 \
-          | tee "$OUT/integrations-bench.log" | tail -30 ) || status=1
+        timeout 330 python3 benchmarks/integrations_bench.py --only pylate,colpali --batch 32 --timeout 90 2>&1 \
+          | tee "$OUT/integrations-bench.log" | tail -30
+        timeout 150 python3 benchmarks/integrations_bench.py --only pylate --pylate-cases contrastive,distillation \
+          --batch 128 --timeout 60 2>&1 | tee "$OUT/integrations-bench-128.log" | tail -12
+        timeout 40 python3 benchmarks/integrations_bench.py --profile contrastive --batch 32 \
+          > "$OUT/integrations-profile-contrastive.log" 2>&1 ) || status=1
       timeout 120 python3 benchmarks/integrations_bench.py --only sentence-transformers --timeout 100 2>&1 \
         | tee "$OUT/integrations-bench-st6.log" | tail -6 || status=1 ;;
     # The peer engines beside exhaustive search at 1M passages (benchmarks/headline_bench.py; their

@@ -1,6 +1,6 @@
 """Speed and memory of the drop-in integrations on the GPU, against each library's own paths.
 
-    python benchmarks/integrations_bench.py [--batch 32] [--pages 1000] [--only pylate,colpali,sentence-transformers]
+    python benchmarks/integrations_bench.py [--batch 32,128] [--pages 1000] [--only pylate,colpali,sentence-transformers]
 
 Rows (every library's torch path, its ``lik`` / ``flash`` kernel backends when importable, and
 maxsim through the library's ``patch()``):
@@ -178,7 +178,7 @@ def bench_pylate(rows, batch: int, tmp: str, timeout_s: float, cases) -> None:
             rows.append((label, "not installed (pylate)", "", ""))
             return
         rows.append((label, "", "", ""))
-        path = {b: str(Path(tmp) / f"pylate-{case}-{b}.pt") for b in ("torch", "lik", "flash", "maxsim")}
+        path = {b: str(Path(tmp) / f"pylate-{case}-{batch}-{b}.pt") for b in ("torch", "lik", "flash", "maxsim")}
         _row(rows, "  pylate torch", pylate_cell, (case, batch, "torch"), path["torch"], timeout_s=timeout_s)
         for backend, module in (("lik", "late_interaction_kernels"), ("flash", "flash_maxsim")):
             if _importable(module):
@@ -292,7 +292,9 @@ def bench_colpali(rows, pages: int, tmp: str, timeout_s: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=32, help="PyLate training batch (queries)")
+    parser.add_argument("--batch", default="32,128",
+                        help="PyLate batches (queries), comma-separated: each PyLate case runs at each (a small "
+                             "step is bound by host work, a large one by the GPU); --profile takes the first")
     parser.add_argument("--pages", type=int, default=1000, help="colpali pages")
     parser.add_argument("--only", default="pylate,colpali,sentence-transformers",
                         help="comma-separated libraries (a PyLate environment pins Sentence Transformers 5)")
@@ -307,13 +309,14 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("integrations_bench.py needs a CUDA GPU")
     if args.profile:
-        profile_pylate(args.profile, args.batch)
+        profile_pylate(args.profile, int(args.batch.split(",")[0]))
         return
     rows: list[tuple[str, str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="maxsim-integrations-") as tmp:
         only = args.only.split(",")
         if "pylate" in only:
-            bench_pylate(rows, args.batch, tmp, args.timeout, args.pylate_cases.split(","))
+            for batch in (int(b) for b in args.batch.split(",")):
+                bench_pylate(rows, batch, tmp, args.timeout, args.pylate_cases.split(","))
         if "colpali" in only:
             bench_colpali(rows, args.pages, tmp, args.timeout)
         if "sentence-transformers" in only:
