@@ -116,6 +116,9 @@ def dense_forward_variants():
     yield "fwd TMA d=768", *tma(dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32)), 8, 3
     yield "fwd TMA argmax masks+multiply+normalize", *tma(dict(base, BM=64, BN=128, SEG=64, SAVE_ARGMAX=True, HAS_QMASK=True,
                                                            HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), "bf16"), 4, 3
+    # The widest embeddings (d 2560 / 4096: the selection's K-loop tile, 128-wide chunks).
+    yield "fwd d=4096 argmax", dict(base, BM=32, BN=64, BK=128, NUM_K=32, SEG=32, SAVE_ARGMAX=True), \
+        dict(ptrs, q_ptr="bf16", d_ptr="bf16"), 4, 3
     yield "fwd fp32 ieee", dict(base, BM=128, BN=32, BK=64, NUM_K=2, SEG=32, DOT_PRECISION="ieee", ROW_MAX=False), \
         dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 4, 2
     # fp32 on the tensor cores (precision="tf32x3" / "tf32"): the 16-bit stacked tile, fp32 pointers.
@@ -159,6 +162,11 @@ def backward_variants():
         dict(gd32_ptr="fp32", d_ptr="bf16", dinv_ptr="fp32", gd_ptr="bf16"), 4
     yield "bwd lists one-hot d=1024", _maxsim_bwd_lists_kernel, dict(BN=16, BS=32, BD=1024, NORMALIZE=False,
                                                                     DOT_FP32=False), lptrs, 8
+    # d 2560 / 4096 (BD 4096), the tiles backward_config gives them
+    yield "bwd gather d=4096", _maxsim_bwd_gather_kernel, dict(BS=2, BD=4096, KB=1, CANDIDATES=False, NORMALIZE=False,
+                                                              SCATTER_D=True), gptrs, 4
+    yield "bwd owned d=4096", _maxsim_bwd_owned_kernel, dict(BE=16, BD=4096, NORMALIZE=False), optrs, 1
+    # (the one-hot lists kernel takes wider rows in column chunks of 1024: the d=1024 variant above)
 
 
 def varlen_variants():
@@ -327,8 +335,12 @@ def all_variants():
 
 
 def main() -> int:
+    """Compile every variant (or those whose name holds ``sys.argv[1]``)."""
     rows, failed = [], 0
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
     for name, kernel, consts, ptrs, warps, stages in all_variants():
+        if only not in name:
+            continue
         try:
             k = compile_variant(kernel, ptrs, consts, warps, stages)
             ptx = k.asm["ptx"]

@@ -206,7 +206,9 @@ def _maxsim_bwd_lists_kernel(
     BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
     NORMALIZE: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    """Candidate lists, lowmem grad_D: one program per tile of BN tokens of one document.
+    """Candidate lists, lowmem grad_D: one program per tile of BN tokens of one document and BD
+    columns of the embedding (program_id(2): wide embeddings in chunks that fit shared memory;
+    with NORMALIZE one chunk holds the whole row, whose dot the Jacobian needs).
 
     Document (i, k) belongs to query i alone, so its gradient is a one-hot matmul over that query's
     Lq tokens, ``grad_D[i, k, t] = g[i, k] * sum_{s : t*(i, k, s) = t} Q[i, s]``, summed on the
@@ -221,7 +223,7 @@ def _maxsim_bwd_lists_kernel(
     i_q = r // K
     o_t = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] this program's document tokens
     m_t = o_t < Ld
-    o_d = tl.arange(0, BD)
+    o_d = tl.program_id(2) * BD + tl.arange(0, BD)  # [BD] this program's embedding columns
     m_d = o_d < dim
     b_acc = tl.zeros([BN, BD], dtype=tl.float32)
     for s0 in range(0, Lq, BS):
@@ -349,18 +351,21 @@ def maxsim_backward(
         )
         return grad_Q, grad_D
     if candidates:
-        return grad_Q, _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD, config["lists"])
+        return grad_Q, _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, config["lists"])
     return grad_Q, _grad_d_owned(g, Q, D, argmax, qinv, dinv, normalize, BD, config)
 
 
-def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, BD, tile):
+def _grad_d_lists(g, Q, D, argmax, qinv, dinv, normalize, tile):
     """lowmem grad_D for candidate lists: the one-hot matmul kernel, a program per document tile."""
     Nq, Lq, d = Q.shape
     K, Ld = D.shape[1], D.shape[2]
     grad_D = torch.empty(D.shape, dtype=D.dtype, device=D.device)  # every row is written once
-    BN, BS, warps = tile
+    BN, BS, warps, BD = tile  # BD: the columns a program (the whole row, or a chunk of a wide one)
+    if normalize and BD < d:
+        raise ValueError(f"maxsim: backward='lowmem' on candidate lists with normalize=True takes d <= {BD} "
+                         f"(got d={d}): use backward='unified', or normalise the embeddings before the call")
     launch(
-        _maxsim_bwd_lists_kernel, (Nq * K, -(-Ld // BN)),
+        _maxsim_bwd_lists_kernel, (Nq * K, -(-Ld // BN), -(-d // BD)),
         (Q, D, g, argmax, qinv, dinv, grad_D, K, Lq, Ld, d, D.stride(0), D.stride(1), D.stride(2)),
         dict(
             BN=BN, BS=BS, BD=BD, NORMALIZE=normalize,

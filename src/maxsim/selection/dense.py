@@ -120,7 +120,13 @@ def strategy(backward: str, D: torch.Tensor, Lq: int) -> str:
     """The grad_D strategy for ``backward`` ("auto", "unified", "lowmem") on canonical D."""
     if backward != "auto":
         return backward
-    return auto_strategy(D.shape[0] != 1, Lq, D.numel() * 4, one_hot_kernel=True)[0]
+    return auto_strategy(D.shape[0] != 1, Lq, D.numel() * 4, one_hot_kernel=_one_hot_fits(D))[0]
+
+
+def _one_hot_fits(D: torch.Tensor) -> bool:
+    """Whether lowmem's one-hot kernel takes rows of D's width whole (wider ones go in chunks of
+    columns, which normalize=True cannot: auto leaves them to unified)."""
+    return next_pow2(D.shape[-1]) <= T.LISTS_MAX_BD
 
 
 def strategy_choice(backward: str, Q: torch.Tensor, D: torch.Tensor) -> Choice:
@@ -128,7 +134,7 @@ def strategy_choice(backward: str, Q: torch.Tensor, D: torch.Tensor) -> Choice:
     Nq, Lq, d = Q.shape
     candidates = D.shape[0] != 1
     chosen = strategy(backward, D, Lq)
-    _, why, why_not, record = auto_strategy(candidates, Lq, D.numel() * 4, one_hot_kernel=True)
+    _, why, why_not, record = auto_strategy(candidates, Lq, D.numel() * 4, one_hot_kernel=_one_hot_fits(D))
     reason = why if backward == "auto" else f"backward={backward!r} was asked for"
     lowmem = specs.LOWMEM_LISTS_BACKWARD if candidates else specs.LOWMEM_OWNED_BACKWARD
     kernel = specs.UNIFIED_BACKWARD if chosen == "unified" else lowmem
@@ -157,9 +163,10 @@ def backward_config(strategy: str, q_shape: tuple, d_shape: tuple) -> dict:
     out["jacobian"] = (max(1, jac["ELEMENTS"] // BD), jac["num_warps"])
     if not unified and candidates:
         lists = tile_of(T.DENSE_LISTS[0], {})
-        BN = max(16, min(64, lists["BN_ELEMENTS"] // BD))
+        BDC = min(BD, T.LISTS_MAX_BD)  # wider rows go in chunks of columns (shared memory)
+        BN = max(16, min(64, lists["BN_ELEMENTS"] // BDC))
         out["lists"] = (BN, max(lists["BS_MIN"], min(lists["BS_MAX"], next_pow2(Lq))),
-                        4 if BN * BD <= lists["BN_ELEMENTS"] else 8)
+                        4 if BN * BDC <= lists["BN_ELEMENTS"] else 8, BDC)
     elif not unified:
         per_row = dict(per_row=Nq * Lq / max(Ld, 1))
         owned = tile_of(first_match(T.DENSE_OWNED_SM90, per_row), per_row)

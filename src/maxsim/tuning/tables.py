@@ -23,6 +23,9 @@ WS_ONE_BLOCK_MIN_TOKENS = 2**18
 # backward="auto": candidate lists up to this query length go to lowmem's one-hot kernel
 # (results/lists-threshold-20261130-0136.log).
 LISTS_MAX_LQ = 512
+# Widest row the one-hot lists kernel holds whole: [BN, BD] and [BS, BD] tiles within shared memory
+# (tests/compile_check.py: BD 4096 needs 513 KB). Wider rows go in column chunks of this width.
+LISTS_MAX_BD = 1024
 # backward="auto": the largest fp32 grad buffer unified may allocate before lowmem is taken.
 UNIFIED_MAX_FP32_BYTES = 2 * 2**30
 # lowmem's inverse-map scratch per chunk of documents: a fraction of what the step holds anyway
