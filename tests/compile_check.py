@@ -165,7 +165,7 @@ def backward_variants():
     # d 2560 / 4096 (BD 4096), the tiles backward_config gives them
     yield "bwd gather d=4096", _maxsim_bwd_gather_kernel, dict(BS=2, BD=4096, KB=1, CANDIDATES=False, NORMALIZE=False,
                                                               SCATTER_D=True), gptrs, 4
-    yield "bwd owned d=4096", _maxsim_bwd_owned_kernel, dict(BE=16, BD=4096, NORMALIZE=False), optrs, 1
+    yield "bwd owned d=4096", _maxsim_bwd_owned_kernel, dict(BE=2, BD=4096, NORMALIZE=False), optrs, 4
     # (the one-hot lists kernel takes wider rows in column chunks of 1024: the d=1024 variant above)
 
 
@@ -215,6 +215,9 @@ def varlen_variants():
     optrs = dict(bptrs, order_ptr="i64", rowptr_ptr="i64", out_ptr="bf16")
     for to_q in (True, False):
         yield f"varlen bwd owned to_q={to_q}", _varlen_bwd_owned_kernel, dict(BD=128, CROSS=False, TO_Q=to_q), optrs, 1
+    # d 2560 / 4096 (BD 4096), as backward_config gives them
+    yield "varlen bwd atomic d=4096", _varlen_bwd_atomic_kernel, dict(BR=1, BD=4096, CROSS=True), bptrs, 4
+    yield "varlen bwd owned d=4096", _varlen_bwd_owned_kernel, dict(BD=4096, CROSS=False, TO_Q=False), optrs, 4
 
 
 def chamfer_variants():

@@ -170,7 +170,10 @@ def backward_config(strategy: str, q_shape: tuple, d_shape: tuple) -> dict:
     elif not unified:
         per_row = dict(per_row=Nq * Lq / max(Ld, 1))
         owned = tile_of(first_match(T.DENSE_OWNED_SM90, per_row), per_row)
-        out["owned"] = (owned["BE"], owned["num_warps"])
+        BE, warps = owned["BE"], owned["num_warps"]
+        if BE * BD > T.OWNED_MAX_ELEMENTS:  # wide rows: fewer entries a pass, more warps (no spills)
+            BE, warps = max(2, T.OWNED_MAX_ELEMENTS // BD), max(warps, 4)
+        out["owned"] = (BE, warps)
         inv = tile_of(T.DENSE_INVERT[0], {})
         out["invert"] = (inv["BLOCK"], inv["num_warps"])
     return out

@@ -26,6 +26,9 @@ LISTS_MAX_LQ = 512
 # Widest row the one-hot lists kernel holds whole: [BN, BD] and [BS, BD] tiles within shared memory
 # (tests/compile_check.py: BD 4096 needs 513 KB). Wider rows go in column chunks of this width.
 LISTS_MAX_BD = 1024
+# Gathered query elements (BE x BD) of one pass of the owned grad_D kernel: at d 4096, BE 16 on one
+# warp spilled 21 KB a thread (tests/compile_check.py); above this, BE shrinks and warps grow.
+OWNED_MAX_ELEMENTS = 8192
 # backward="auto": the largest fp32 grad buffer unified may allocate before lowmem is taken.
 UNIFIED_MAX_FP32_BYTES = 2 * 2**30
 # lowmem's inverse-map scratch per chunk of documents: a fraction of what the step holds anyway
