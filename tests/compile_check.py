@@ -325,6 +325,36 @@ def ws_variants():
 EXPECT_WS = {name for name, *_ in ws_variants()}
 
 
+def varlen_selection_variants():
+    """The packed forward's tile exactly as the selection gives it (maxsim.selection.varlen), at every
+    width from 64 to 4096, one and many query rows, 16-bit and fp32: whatever it picks must fit
+    Hopper's shared memory (the stream kernel holds its query block there)."""
+    import torch
+
+    from maxsim.selection import varlen as select_varlen
+    from maxsim.varlen.specs import STREAM_FORWARD
+
+    for dtype, dt in ((torch.float16, "fp16"), (torch.float32, "fp32")):
+        for d in (64, 96, 128, 256, 320, 384, 448, 512, 768, 1024, 2560, 4096):
+            for rows in (32, 512):
+                choice = select_varlen._forward_choice(rows, d, dtype, False, False, "sm90")
+                c = choice.config
+                seg = min(32, c["BM"])  # queries of 32 tokens
+                consts = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], NUM_K=-(-d // c["BK"]), EVEN_K=d % c["BK"] == 0,
+                              SEG=seg, DOT_PRECISION="tf32x3" if dtype == torch.float32 else "tf32", DOT_UPCAST=False)
+                name = f"selected {choice.kernel.name} {dt} d={d} rows={rows}"
+                if choice.kernel is STREAM_FORWARD:
+                    consts.update(SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False,
+                                  QDOT=False, BP=16, PQ_SUB=0)
+                    ptrs = dict(q_ptr=dt, d_ptr=dt, scale_ptr="fp32", qscale_ptr="fp32", cuq_ptr="i64", cud_ptr="i64",
+                                out_ptr="fp32", codes_ptr=dt, cent_ptr=dt, w_ptr=dt)
+                    yield name, _maxsim_varlen_stream_kernel, consts, ptrs, c["num_warps"], c["num_stages"]
+                else:
+                    ptrs = dict(q_ptr=dt, d_ptr=dt, cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32", arg_ptr="i32")
+                    yield name, _maxsim_varlen_cross_kernel, dict(consts, SAVE_ARGMAX=False), ptrs, \
+                        c["num_warps"], c["num_stages"]
+
+
 def all_variants():
     """(name, kernel, constexprs, pointer types, num_warps, num_stages) for every checked variant."""
     jobs = [(name, _maxsim_fwd_kernel, c, p, w, s) for name, c, p, w, s in dense_forward_variants()]
@@ -334,6 +364,7 @@ def all_variants():
     jobs += [(name, k, c, p, w, 2) for name, k, c, p, w in chamfer_variants()]
     jobs += list(head_variants())
     jobs += list(compressed_variants())
+    jobs += list(varlen_selection_variants())
     return jobs
 
 

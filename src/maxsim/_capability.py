@@ -63,6 +63,9 @@ class KernelSpec:
     families: tuple[str, ...] | None = None
     triton: tuple[tuple[int, int], ...] | None = None
     layout_check: Callable | None = field(default=None, compare=False)
+    # Widest d it holds on chip, for 16-bit and for fp32 inputs (None: any): a kernel that keeps a
+    # whole query block in shared memory runs out of it past these.
+    max_dims: tuple[int, int] | None = None
 
     def unsupported(self, call: Call) -> str | None:
         """Why this kernel cannot run ``call``, in words (None: it can)."""
@@ -70,6 +73,11 @@ class KernelSpec:
             return f"takes {' or '.join(dtype_name(t) for t in self.dtypes)} inputs, not {dtype_name(call.dtype)}"
         if self.dims is not None and call.d not in self.dims:
             return f"runs d in {{{', '.join(map(str, self.dims))}}} only, not d = {call.d}"
+        if self.max_dims is not None:
+            widest = self.max_dims[1] if call.dtype == torch.float32 else self.max_dims[0]
+            if call.d > widest:
+                return (f"keeps its query block in shared memory: d <= {self.max_dims[0]} for 16-bit inputs, "
+                        f"{self.max_dims[1]} for fp32, not d = {call.d}")
         if call.layout not in self.layouts:
             return f"runs the {' / '.join(self.layouts)} layout, not {call.layout}"
         if call.masked and not self.masks:

@@ -166,8 +166,17 @@ VARLEN_FORWARD_SM90 = (
 # many small runs balance the tail). Few warps: each document's max and sum reduce across the
 # warps that hold the query rows, once per document.
 _STREAM_RECORD = "BENCHMARKS.md, Exhaustive scoring of short documents (benchmarks/stream_bench.py, 2026-12-01)"
+# The stream kernel keeps its query block (BM rows x d) in shared memory: wider rows take fewer
+# stacked rows a program (tests/compile_check.py compiles the tile this table gives at every width
+# up to the stream spec's max_dims; past those the per-document kernel runs).
 VARLEN_STREAM_SM90 = (
+    Rule("fp32, d > 256", When(dtype="fp32", d=(257, INF)),
+         _T(BM="rows<=32", BN=32, BK="d<=64", num_warps=4, num_stages=2, waves=8)),
+    Rule("fp32, d > 128", When(dtype="fp32", d=(129, INF)),
+         _T(BM="rows<=64", BN=32, BK="d<=64", num_warps=4, num_stages=2, waves=8)),
     Rule("fp32", When(dtype="fp32"), _T(BM="rows<=128", BN=32, BK="d<=64", num_warps=4, num_stages=2, waves=8)),
+    Rule("d > 512", When(d=(513, INF)), _T(BM="rows<=32", BN=64, BK=64, num_warps=4, num_stages=2, waves=8)),
+    Rule("d > 384", When(d=(385, INF)), _T(BM="rows<=64", BN=64, BK=64, num_warps=4, num_stages=2, waves=8)),
     Rule("d > 128", When(d=(129, INF)), _T(BM="rows<=128", BN=64, BK=64, num_warps=4, num_stages=2, waves=8)),
     Rule("one query (<= 32 rows)", When(rows=(1, 32)),
          _T(BM="rows", BN=64, BK="d", num_warps=1, num_stages=2, waves=8), _STREAM_RECORD),

@@ -14,6 +14,7 @@ STREAM_FORWARD = KernelSpec(
     "Triton: stacked packed queries against a run of documents read as one token stream (a "
     "segmented max: a tile holds several documents' tokens); int8 / fp8 tokens widened on chip",
     layouts=("packed",), masks=False, normalize=False, argmax=False,
+    max_dims=(1024, 512),  # tests/compile_check.py: the tiles of the stream table fit shared memory up to these
 )
 PAIRS_FORWARD = KernelSpec(
     "varlen.pairs_forward",
