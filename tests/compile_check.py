@@ -343,6 +343,14 @@ def varlen_selection_variants():
                 consts = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], NUM_K=-(-d // c["BK"]), EVEN_K=d % c["BK"] == 0,
                               SEG=seg, DOT_PRECISION="tf32x3" if dtype == torch.float32 else "tf32", DOT_UPCAST=False)
                 name = f"selected {choice.kernel.name} {dt} d={d} rows={rows}"
+                pair_choice = select_varlen._forward_choice(rows, d, dtype, True, False, "sm90")
+                pc = pair_choice.config
+                pair_ptrs = dict(q_ptr=dt, d_ptr=dt, cuq_ptr="i64", cud_ptr="i64", out_ptr="fp32", arg_ptr="i32",
+                                 pq_ptr="i64", pd_ptr="i64")
+                yield f"selected {pair_choice.kernel.name} {dt} d={d} rows={rows}", _maxsim_pairs_kernel, \
+                    dict(BM=pc["BM"], BN=pc["BN"], BK=pc["BK"], NUM_K=-(-d // pc["BK"]), EVEN_K=d % pc["BK"] == 0,
+                         DOT_PRECISION=consts["DOT_PRECISION"], DOT_UPCAST=False, SAVE_ARGMAX=False), pair_ptrs, \
+                    pc["num_warps"], pc["num_stages"]
                 if choice.kernel is STREAM_FORWARD:
                     consts.update(SCALED=False, FP8=False, CHECK_BLOCK=1024, RESIDUAL=False, NBITS=1, NORMALIZE=False,
                                   QDOT=False, BP=16, PQ_SUB=0)
