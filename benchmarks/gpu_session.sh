@@ -53,20 +53,25 @@ for step in "$@"; do
               ${BENCH_ARGS:-} 2>&1 | tee "$OUT/shapes.log" | tail -30 || status=1 ;;
     # The drop-ins on the GPU: their tests (PyLate / colpali-engine from .whl-int, which pins
     # Sentence Transformers 5), benchmarks/integrations_bench.py, then the Sentence Transformers 6
-    # row with the image's own sentence-transformers.
+    # tests and row with the image's own sentence-transformers. At most ~585 s (one device call).
     integrations)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-int \
         .whl-int/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
       ( export PYTHONPATH="/tmp/site-int:$PWD/.whl-int/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
-        timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integrations -rs 2>&1 | tee "$OUT/integrations-tests.log" \
+        timeout 70 python3 -m pytest -q -p no:cacheprovider tests/integrations -rs 2>&1 | tee "$OUT/integrations-tests.log" \
           | grep -E "^FAILED|^ERROR|passed|failed" | tail -20
-        timeout 330 python3 benchmarks/integrations_bench.py --only pylate,colpali --batch 32 --timeout 90 2>&1 \
+        timeout 240 python3 benchmarks/integrations_bench.py --only pylate,colpali --batch 32 --timeout 60 2>&1 \
           | tee "$OUT/integrations-bench.log" | tail -30
-        timeout 150 python3 benchmarks/integrations_bench.py --only pylate --pylate-cases contrastive,distillation \
-          --batch 128 --timeout 60 2>&1 | tee "$OUT/integrations-bench-128.log" | tail -12
-        timeout 40 python3 benchmarks/integrations_bench.py --profile contrastive --batch 32 \
+        timeout 110 python3 benchmarks/integrations_bench.py --only pylate --pylate-cases contrastive,distillation \
+          --batch 128 --timeout 40 2>&1 | tee "$OUT/integrations-bench-128.log" | tail -12
+        timeout 35 python3 benchmarks/integrations_bench.py --profile contrastive --batch 32 \
           > "$OUT/integrations-profile-contrastive.log" 2>&1 ) || status=1
-      timeout 120 python3 benchmarks/integrations_bench.py --only sentence-transformers --timeout 100 2>&1 \
+      # Sentence Transformers 6 (the image's): its drop-in's tests, then its bench row
+      PYTHONPATH="$PWD/.whl-int/extra:$PYTHONPATH" HF_HUB_OFFLINE=1 timeout 60 python3 -m pytest -q -p no:cacheprovider \
+        tests/integrations/test_sentence_transformers.py tests/integrations/test_sentence_transformers_minilm.py \
+        tests/integrations/test_integrations_gpu.py -rs 2>&1 | tee "$OUT/integrations-tests-st6.log" \
+        | grep -E "^FAILED|^ERROR|passed|failed" | tail -10
+      timeout 60 python3 benchmarks/integrations_bench.py --only sentence-transformers --timeout 50 2>&1 \
         | tee "$OUT/integrations-bench-st6.log" | tail -6 || status=1 ;;
     # The peer engines beside exhaustive search at 1M passages (benchmarks/headline_bench.py; their
     # wheels in .whl-engines/, from benchmarks/engine_wheels.sh). ENGINES, ENCODINGS, DOCS choose.
