@@ -270,10 +270,8 @@ def rerank(documents_ids, queries_embeddings, documents_embeddings, device=None)
             elements += sum(c.numel() for c in documents[stop])
             stop += 1
         scores = _rerank_group(queries[start:stop], documents[start:stop], device)
-        widest = max(s.numel() for s in scores)
-        table = torch.full((len(scores), widest), float("-inf"), dtype=scores[0].dtype, device=scores[0].device)
-        for row, s in enumerate(scores):  # [G, K]: -inf after each query's own candidates
-            table[row, : s.numel()] = s
+        # [G, K]: -inf after each query's own candidates
+        table = torch.nn.utils.rnn.pad_sequence(scores, batch_first=True, padding_value=float("-inf"))
         # stable: a candidate scored -inf stays before the -inf filling
         sorted_scores, order = torch.sort(table, dim=1, descending=True, stable=True)
         sorted_scores, order = sorted_scores.cpu().tolist(), order.cpu().tolist()

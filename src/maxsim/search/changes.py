@@ -105,10 +105,18 @@ class IdIndex:
         return np.asarray(which, dtype=np.int64), np.asarray(positions, dtype=np.int64)
 
 
+def live_ids(ids, deleted: np.ndarray | None):
+    """The ids of the live documents (``deleted``: bool ``[N]``, or None when none is)."""
+    if deleted is None:
+        return ids
+    if isinstance(ids, np.ndarray):
+        return ids[~deleted]
+    return [x for x, dead in zip(ids, deleted.tolist()) if not dead]
+
+
 def check_live_ids_unique(ids, deleted: np.ndarray | None, where: str) -> None:
     """Live ids are unique (a deleted document's id may repeat: it was updated)."""
-    live = ids if deleted is None else (ids[~deleted] if isinstance(ids, np.ndarray)
-                                         else [x for x, d in zip(ids, deleted.tolist()) if not d])
+    live = live_ids(ids, deleted)
     if isinstance(live, np.ndarray):
         ordered = np.sort(live)
         twice = ordered[1:][ordered[1:] == ordered[:-1]]

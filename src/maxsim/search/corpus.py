@@ -297,19 +297,11 @@ def _normalize_ids(ids, n: int, first: int = 0):
     return out
 
 
-def _live_ids(ids, deleted: np.ndarray | None):
-    if deleted is None:
-        return ids
-    if isinstance(ids, np.ndarray):
-        return ids[~deleted]
-    return [x for x, dead in zip(ids, deleted.tolist()) if not dead]
-
-
 def _live_clash(a, b, deleted_a=None, deleted_b=None):
     """A live id of ``b`` that is a live id of ``a`` (None when there is none)."""
     if isinstance(a, np.ndarray) != isinstance(b, np.ndarray):
         raise TypeError("maxsim: cannot mix int and str document ids in one corpus")
-    live_a, live_b = _live_ids(a, deleted_a), _live_ids(b, deleted_b)
+    live_a, live_b = changes.live_ids(a, deleted_a), changes.live_ids(b, deleted_b)
     if isinstance(a, np.ndarray):
         both = np.intersect1d(live_a, live_b)
         return int(both[0]) if both.size else None
@@ -758,11 +750,14 @@ class Corpus:
     def _stored(self):
         """(embeddings or codes as numpy in the stored dtype, lengths, ids, scales as numpy or
         None, residuals as numpy or None) over all segments."""
-        array = _stored_array(self._joined("embeddings"))
-        scales = None if not self.is_quantized else self.scales.detach().cpu().float().contiguous().numpy()
-        residuals = self.residuals
-        residuals = None if residuals is None else residuals.detach().cpu().contiguous().numpy()
-        return array, np.diff(self.offsets), self.ids, scales, residuals
+        parts = [self._stored_segment(s) for s in self._segments]
+        if len(parts) == 1:
+            return parts[0][:2] + (self.ids,) + parts[0][3:]
+
+        def joined(i):
+            return None if parts[0][i] is None else np.concatenate([p[i] for p in parts])
+
+        return joined(0), joined(1), self.ids, joined(3), joined(4)
 
     def _stored_segment(self, s: CorpusSegment):
         """:meth:`_stored` of one segment (changes.py writes segment by segment)."""
@@ -992,7 +987,7 @@ class Corpus:
                 s = self._segments[0]
                 segments = [s.with_parts([t[:0] for t in s.parts()], offsets=np.zeros(1, dtype=np.int64),
                                          first_document=0, mapped=False)]
-            self.ids = _live_ids(self.ids, self._deleted)
+            self.ids = changes.live_ids(self.ids, self._deleted)
             self._segments, self._deleted, self._id_index = segments, None, None
         if path is not None:
             self.save(path, overwrite=self._is_origin(path))
