@@ -252,9 +252,11 @@ def test_rerank_matches_pylate(form):
     q_lengths = [5, 9, 1, 7] if form != "padded queries" else [6] * 4
     queries = [torch.randn(n, dim, generator=generator) for n in q_lengths]
     documents = [[torch.randn(int(n), dim, generator=generator) - 0.3
-                  for n in torch.randint(0, 12, (int(k),), generator=generator)]
+                  for n in torch.randint(1, 12, (int(k),), generator=generator)]
                  for k in torch.randint(1, 9, (len(queries),), generator=generator)]
     documents[0][0] = torch.randn(11, dim, generator=generator) - 0.3  # a longest candidate, unpadded
+    # an empty candidate beside non-empty ones (alone, PyLate's own max over nothing fails)
+    documents[1].append(torch.empty(0, dim))
     ids = [[f"q{i}-d{j}" for j in range(len(candidates))] for i, candidates in enumerate(documents)]
     if form == "numpy":
         queries = [q.numpy() for q in queries]
