@@ -294,6 +294,9 @@ def _stream(work, score, device, max_tokens: int, templates, bar) -> None:
         return [torch.empty((max_tokens,) + tuple(t.shape[1:]), dtype=t.dtype, **where) for t in templates]
 
     buffers = [empty(device=device) for _ in range(2)]
+    # The buffers' memory may have been freed by work still queued on the compute stream (the
+    # caller's previous kernels): the copy stream starts behind it, or its first copies race them.
+    copy_stream.wait_stream(compute)
     copied = [torch.cuda.Event() for _ in range(2)]  # chunk j's copy into buffers[j % 2] done
     consumed = [torch.cuda.Event() for _ in range(2)]  # scoring of the chunk in buffers[j % 2] done
     staged_free = [torch.cuda.Event() for _ in range(2)]  # copy out of staging[j % 2] done
