@@ -68,6 +68,15 @@ def _row(rows, name, cell, args, result_path: str, *, reference_path: str | None
     rows.append((name, f"{measured['ms']:.3f}", f"{measured['peak']:.0f}", error))
 
 
+class _PrintedRows(list):
+    """The table's rows, each printed as it comes: a run cut short by a timeout keeps what finished."""
+
+    def append(self, row: tuple[str, str, str, str]) -> None:
+        super().append(row)
+        name, ms, peak, error = row
+        print(f"{name:72} {ms:>10} {peak:>9} {error:>8}", flush=True)
+
+
 def _importable(module: str) -> bool:
     import importlib.util
 
@@ -311,7 +320,9 @@ def main() -> None:
     if args.profile:
         profile_pylate(args.profile, int(args.batch.split(",")[0]))
         return
-    rows: list[tuple[str, str, str, str]] = []
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"{'case':72} {'median ms':>10} {'peak MB':>9} {'rel err':>8}")
+    rows = _PrintedRows()
     with tempfile.TemporaryDirectory(prefix="maxsim-integrations-") as tmp:
         only = args.only.split(",")
         if "pylate" in only:
@@ -321,10 +332,6 @@ def main() -> None:
             bench_colpali(rows, args.pages, tmp, args.timeout)
         if "sentence-transformers" in only:
             bench_sentence_transformers(rows, tmp, args.timeout)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"{'case':72} {'median ms':>10} {'peak MB':>9} {'rel err':>8}")
-    for name, ms, peak, error in rows:
-        print(f"{name:72} {ms:>10} {peak:>9} {error:>8}")
 
 
 if __name__ == "__main__":
