@@ -68,11 +68,11 @@ def _row(rows, name, cell, args, result_path: str, *, reference_path: str | None
     rows.append((name, f"{measured['ms']:.3f}", f"{measured['peak']:.0f}", error))
 
 
-class _PrintedRows(list):
-    """The table's rows, each printed as it comes: a run cut short by a timeout keeps what finished."""
+class _PrintedRows:
+    """The table's rows, each printed as it comes (nothing kept): a run cut short by a timeout
+    keeps what finished."""
 
     def append(self, row: tuple[str, str, str, str]) -> None:
-        super().append(row)
         name, ms, peak, error = row
         print(f"{name:72} {ms:>10} {peak:>9} {error:>8}", flush=True)
 
