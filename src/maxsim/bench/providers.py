@@ -233,7 +233,9 @@ PROVIDERS = {
         Provider("naive", _naive_fn, mask_mode="multiply"),
         Provider("late-interaction-kernels", _lik_fn, **_LIK),
         Provider("flash-maxsim", _flash_fn, prepare=_flash_prepare, **_FLASH),
-        # fp32 on the tensor cores, asked for by name (precision="auto" stays IEEE until the split is tuned).
+        # fp32 products asked for by name ("maxsim" is precision="auto": see maxsim.explain).
+        Provider("maxsim-ieee", _maxsim_with(precision="ieee"), default=False),
+        Provider("maxsim-fp16x3", _maxsim_with(precision="fp16x3"), default=False),
         Provider("maxsim-tf32x3", _maxsim_with(precision="tf32x3"), default=False),
         Provider("maxsim-tf32", _maxsim_with(precision="tf32"), default=False),
         _SELFTEST,

@@ -211,6 +211,11 @@ def _model_shapes(train: bool) -> list[Shape]:
 MODEL_SHAPES = _model_shapes(train=False)
 MODEL_TRAIN_SHAPES = _model_shapes(train=True)
 
+# fp32 inputs (issue 31's bar): the batched search shape the peers were first measured on, and
+# every fp32 row of the models set.
+FP32_SHAPES = [Shape("fp32_16x10k_32x180", 16, 10_000, 32, 180, dtype="fp32")] + \
+    [s for s in MODEL_SHAPES if s.dtype == "fp32"]
+
 SHAPE_SETS = {
     "forward": (GPU_SHAPES, CPU_SHAPES),
     "train": (TRAIN_GPU_SHAPES, TRAIN_CPU_SHAPES),
@@ -218,7 +223,8 @@ SHAPE_SETS = {
 }
 # Shape-set names ``--shapes`` accepts besides single shapes (forward mode).
 NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES, "models": MODEL_SHAPES,
-              "models_train": MODEL_TRAIN_SHAPES}
+              "models_train": MODEL_TRAIN_SHAPES, "fp32": FP32_SHAPES,
+              "fp32_train": [s for s in MODEL_TRAIN_SHAPES if s.dtype == "fp32"]}
 
 
 def default_shapes(device: str, mode: str = "forward") -> list[Shape]:

@@ -6,7 +6,8 @@ break: the ops have fake implementations) and ``torch.library.opcheck`` see one 
     maxsim::dense_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision)
         -> (scores, argmax)          (strategy: the backward's grad_D reduction; autograd's
                                       setup_context reads it from the op's inputs; precision:
-                                      the resolved fp32 product, "ieee" / "tf32x3" / "tf32")
+                                      the resolved fp32 product, "ieee" / "fp16x3" / "tf32x3" /
+                                      "tf32")
     maxsim::dense_backward(grad, Q, D, argmax, normalize, strategy) -> (grad_Q, grad_D)
 
 Each op's body asks :mod:`maxsim.selection.dense` for its kernel and tiles, then calls the
@@ -28,21 +29,43 @@ import torch
 from maxsim import _checks, reference
 from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, interpreting, pytorch_backend, through_dispatcher
+from maxsim._split import split_fp16x3, unscale
 from maxsim.cpu import maxsim_cpu
 from maxsim.dense import forward as _forward
 from maxsim.dense.backward import maxsim_backward
 from maxsim.selection import dense as select
 from maxsim.selection.common import PRECISIONS, device_of, precision_choice
 from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
+from maxsim.tuning import tables as T
 from maxsim.tuning.autotune import autotune_enabled
 
 
 def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_key=None, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
+    if precision == "fp16x3" and Q.dtype == torch.float32:
+        return _run_forward_split(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
     plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, precision)
     return _forward.maxsim_forward(Q, D, q_mask, d_mask, config=plan.config, warp_specialized=plan.warp_specialized,
                                    normalize=normalize, multiply=multiply, save_argmax=save_argmax,
                                    precision=precision, plan_key=plan_key)
+
+
+def _run_forward_split(Q, D, q_mask, d_mask, normalize, multiply, save_argmax):
+    """fp32 Q [Nq, Lq, d], D [G, Nd, Ld, d] through the 16-bit kernels on their fp16 split
+    (:mod:`maxsim._split`, width 3d), the documents in groups whose copy stays under
+    ``SPLIT16_CHUNK_BYTES``. Same scores (to fp32 accuracy) and the same argmax."""
+    q3, q_exp = split_fp16x3(Q, document=False, normalize=normalize)  # [Nq, Lq, 3d] fp16
+    G, Nd, Ld, d = D.shape
+    step = max(1, T.SPLIT16_CHUNK_BYTES // max(1, G * Ld * 3 * d * 2))
+    parts = []
+    for start in range(0, max(Nd, 1), step):
+        d3, d_exp = split_fp16x3(D[:, start:start + step], document=True, normalize=normalize)  # [G, n, Ld, 3d]
+        mask = None if d_mask is None else d_mask[:, start:start + step]
+        scores, argmax = _run_forward(q3, d3, q_mask, mask, False, multiply, save_argmax)
+        parts.append((unscale(scores, q_exp, d_exp), argmax))
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([s for s, _ in parts], 1), (torch.cat([a for _, a in parts], 1) if save_argmax else None)
 
 
 def _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision):
@@ -167,9 +190,12 @@ def maxsim(
             host synchronisation). Today they become the equivalent mask: the kernels still read
             the padded tail.
         precision: the products of fp32 inputs: ``"ieee"`` (IEEE FMAs on the CUDA cores, exact),
-            ``"tf32x3"`` (split precision on the tensor cores: three TF32 products, fp32-accurate),
-            ``"tf32"`` (one TF32 product, relative error near 1e-4) or ``"auto"`` (the split on
-            GPUs where it has been verified, IEEE elsewhere; ``maxsim.explain`` says which).
+            ``"fp16x3"`` (each value split into two fp16 terms, three fp16 tensor-core products
+            summed in fp32: fp32-accurate, through the 16-bit kernels on a copy of 6 bytes a
+            value), ``"tf32x3"`` (the same idea with TF32 terms inside the fp32 kernels),
+            ``"tf32"`` (one TF32 product, relative error near 1e-4, the peers' trade) or
+            ``"auto"`` (on Hopper fp16x3 where many query rows share each document token,
+            IEEE elsewhere; ``maxsim.explain`` says which and why).
             16-bit inputs' products are exact whatever it says; the CPU backend computes IEEE fp32.
 
     Returns:
@@ -214,7 +240,8 @@ def maxsim(
         run = maxsim_cpu if pytorch_backend() == "cpu" else reference.maxsim_reference
         return run(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax)
     multiply = mask_mode == "multiply"
-    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1])[0]
+    rows = p.Q.shape[1] * (p.Q.shape[0] if p.D.shape[0] == 1 else 1)  # query rows sharing a document token
+    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1], rows)[0]
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:

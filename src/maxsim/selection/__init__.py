@@ -104,7 +104,11 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         fwd = dense.forward_choice(p.Q, p.D, masked, normalize, return_argmax, family=family, exact_words=True)
         bwd = dense.strategy_choice(backward, p.Q, p.D)
     dtype = q.dtype if packed else p.Q.dtype
-    dot, why = precision_choice(dtype, precision, family)
+    if packed:
+        rows = max_q if pairs else q.shape[0]
+    else:
+        rows = p.Q.shape[1] * (p.Q.shape[0] if not p.candidates else 1)
+    dot, why = precision_choice(dtype, precision, family, rows, d.numel() if packed else 0)
     products = f"{dot} — {why}" if dtype == torch.float32 else why
     return Explanation(header, fwd, bwd, backend_words, products)
 

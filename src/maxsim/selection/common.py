@@ -56,26 +56,44 @@ def format_config(config) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not False)
 
 
-PRECISIONS = ("auto", "ieee", "tf32x3", "tf32")
+PRECISIONS = ("auto", "ieee", "fp16x3", "tf32x3", "tf32")
 _PRECISION_WORDS = {
     "ieee": "IEEE fp32 FMAs on the CUDA cores (exact products)",
+    "fp16x3": ("split precision through the 16-bit kernels: each value as two fp16 terms, three fp16 "
+               "tensor-core products summed in fp32 (fp32-accurate; a 6-byte copy of each value)"),
     "tf32x3": "split precision on the tensor cores: three TF32 products summed in fp32 (fp32-accurate)",
     "tf32": "one TF32 tensor-core product (10-bit mantissas: relative error near 1e-4)",
 }
 
 
-def precision_choice(dtype: torch.dtype, precision: str, family: str) -> tuple[str, str]:
-    """(Triton ``input_precision`` for the forward's dot, why) for inputs of ``dtype``, a call's
-    ``precision=`` and the device family. 16-bit inputs' products are exact in fp32 whatever it says."""
+def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int = 0,
+                     packed_values: int = 0) -> tuple[str, str]:
+    """(the fp32 product a call runs, why) for inputs of ``dtype``, a call's ``precision=``, the
+    device family and ``rows``, the query rows that share each document token (Nq Lq for a cross
+    product, Lq for candidate lists): "ieee", "fp16x3" (the split copy through the 16-bit kernels),
+    or a Triton ``input_precision`` of the fp32 kernels ("tf32x3", "tf32"). ``packed_values``: the
+    values of packed documents (split whole, so auto bounds their copy). 16-bit inputs' products
+    are exact in fp32 whatever it says."""
     check_choice("precision", precision, PRECISIONS)
     if dtype != torch.float32:
         return "tf32", "16-bit inputs: every product is exact in fp32 (precision= applies to fp32 inputs)"
-    if precision == "auto":
-        if family in T.SPLIT_FP32_FAMILIES:
-            return "tf32x3", f"{_PRECISION_WORDS['tf32x3']}, verified on {family}"
-        return "ieee", (f"{_PRECISION_WORDS['ieee']}: the split-precision product has not been verified on "
-                        f"{family} (precision='tf32x3' asks for it)")
-    return precision, _PRECISION_WORDS[precision]
+    if precision != "auto":
+        return precision, _PRECISION_WORDS[precision]
+    copy_gib = packed_values * 6 / 2**30
+    if family in T.SPLIT16_FAMILIES and rows >= T.SPLIT16_MIN_ROWS and copy_gib * 2**30 > T.SPLIT16_MAX_PACKED_BYTES:
+        return "ieee", (f"{_PRECISION_WORDS['ieee']}: the fp16 split would copy the packed documents whole "
+                        f"({copy_gib:.1f} GiB, past the {T.SPLIT16_MAX_PACKED_BYTES / 2**30:.0f} GiB auto limit; "
+                        "precision='fp16x3' asks for it)")
+    if family in T.SPLIT16_FAMILIES and rows >= T.SPLIT16_MIN_ROWS:
+        return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: {rows} query rows share each document token "
+                          f"(>= {T.SPLIT16_MIN_ROWS}), where the product sets the time")
+    if family in T.SPLIT_FP32_FAMILIES:
+        return "tf32x3", f"{_PRECISION_WORDS['tf32x3']}, verified on {family}"
+    if family in T.SPLIT16_FAMILIES:
+        return "ieee", (f"{_PRECISION_WORDS['ieee']}: {rows} query rows share each document token "
+                        f"(< {T.SPLIT16_MIN_ROWS}), too few to repay the fp16 split's copy")
+    return "ieee", (f"{_PRECISION_WORDS['ieee']}: no split-precision product has been verified on "
+                    f"{family} (precision='fp16x3' or 'tf32x3' asks for one)")
 
 
 def auto_strategy(one_query_per_document: bool, lq: int, fp32_buffer_bytes: int,

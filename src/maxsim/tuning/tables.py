@@ -41,6 +41,14 @@ LOWMEM_MAX_CHUNK_BYTES = 64 * 2**20
 # IEEE FMAs within the accuracy bound; there precision="auto" takes it, elsewhere IEEE FMAs. An
 # explicit precision word runs everywhere. None yet (the split is untuned).
 SPLIT_FP32_FAMILIES: tuple[str, ...] = ()
+# fp32 inputs through the 16-bit kernels on an fp16 split copy (maxsim._split, "fp16x3"): the
+# families where precision="auto" takes it, for calls where at least SPLIT16_MIN_ROWS query rows
+# share each document token (the product, not the read, sets the time; the copy costs 6 bytes a
+# value). The documents are split in groups of at most SPLIT16_CHUNK_BYTES of copy.
+SPLIT16_FAMILIES: tuple[str, ...] = ("sm90",)
+SPLIT16_MIN_ROWS = 64
+SPLIT16_CHUNK_BYTES = 1 << 30
+SPLIT16_MAX_PACKED_BYTES = 4 << 30  # packed documents are split whole: auto makes no larger copy
 
 # --- dense forward, warp-specialized (Gluon) kernel ------------------------------------------
 # tile: BM (query rows a program), BN (document tokens a tile), num_stages (its ring of tiles).

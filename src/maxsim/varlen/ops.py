@@ -9,6 +9,7 @@ import torch
 from maxsim import _checks, reference
 from maxsim._autograd import argmax_or_empty, make_differentiable
 from maxsim._dispatch import backend_for, pytorch_backend, through_dispatcher
+from maxsim._split import split_fp16x3, unscale
 from maxsim.cpu.varlen import padded, varlen_cpu
 from maxsim.selection import varlen as select
 from maxsim.selection.common import PRECISIONS, device_of, precision_choice
@@ -22,6 +23,12 @@ from maxsim.varlen.stream import stream_forward
 
 def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=False, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
+    if precision == "fp16x3" and q.dtype == torch.float32:
+        # the 16-bit kernels on the fp16 split (maxsim._split): same tokens, width 3d
+        q3, q_exp = split_fp16x3(q, document=False)  # [Tq, 3d]
+        d3, d_exp = split_fp16x3(d, document=True)  # [Td, 3d]
+        scores, argmax = _run_forward(q3, d3, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax)
+        return unscale(scores, q_exp, d_exp), argmax
     choice = select.forward_choice(q, cu_q.numel() - 1, max_q, pair_q is not None, save_argmax)
     if choice.kernel is STREAM_FORWARD and max_q > 0:
         return stream_forward(q, d, cu_q, cu_d, max_q, config=choice.config, max_d=max_d, precision=precision), None
@@ -123,7 +130,8 @@ def _run(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, backward, precision):
     """The kernels: through the differentiable custom op under torch.compile, the eager autograd
     Function when a gradient is needed, straight to the launcher otherwise."""
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
-    dot_precision = precision_choice(q.dtype, precision, device_of(q)[1])[0]
+    rows = q.shape[0] if pair_q is None else max_q  # query rows sharing a document token
+    dot_precision = precision_choice(q.dtype, precision, device_of(q)[1], rows, d.numel())[0]
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:
@@ -200,7 +208,8 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         validate: check every value on the host even with both max lengths (one synchronisation),
             raising an error that names the problem instead of scoring it NaN.
         precision: fp32 inputs' products, as :func:`maxsim.maxsim`'s (``"auto"``, ``"ieee"``,
-            ``"tf32x3"``, ``"tf32"``).
+            ``"fp16x3"``, ``"tf32x3"``, ``"tf32"``). ``"auto"`` does not make the fp16 split's
+            copy (6 bytes a value, whole) of packed documents past 4 GiB of copy.
 
     Returns:
         ``[Nq, Nd]`` fp32; an empty sequence contributes 0 (and gets zero gradient). Same as

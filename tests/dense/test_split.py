@@ -1,0 +1,151 @@
+"""precision="fp16x3": fp32 inputs through the 16-bit kernels on a two-term fp16 split
+(maxsim._split). Scores within fp32 accuracy of float64, the argmax of the IEEE path, the same
+gradients (the backward keeps the fp32 tensors), any magnitude, NaN kept to its own document, the
+documents split in groups without changing a bit of the result."""
+
+import pytest
+import torch
+
+import maxsim
+from conftest import KERNEL_DEVICE
+from maxsim import _split
+from maxsim.dense import forward as dense_forward
+from maxsim.tuning import tables as T
+
+DEV = KERNEL_DEVICE
+
+
+def _rel(got, exact):
+    return float(((got.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
+
+
+def _exact(Q, D, d_mask=None):
+    sim = torch.einsum("asd,btd->abst", Q.double(), D.double())
+    if d_mask is not None:
+        sim = sim.masked_fill(~d_mask[None, :, None, :], float("-inf"))
+    return sim.amax(-1).sum(-1)
+
+
+def _unit(*shape, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(*shape, generator=gen), dim=-1).to(DEV)
+
+
+@pytest.fixture(autouse=True)
+def _triton(monkeypatch):
+    monkeypatch.setenv("MAXSIM_BACKEND", "triton")
+
+
+def test_split_terms_rebuild_the_value_and_lay_out_per_side():
+    x = torch.randn(5, 7, 24, device=DEV, dtype=torch.float32) * 3
+    q3, kq = _split.split_fp16x3(x, document=False)
+    d3, kd = _split.split_fp16x3(x, document=True)
+    assert q3.shape == d3.shape == (5, 7, 72) and q3.dtype == torch.float16
+    scale = 2.0 ** float(kq)
+    assert float(kq) == float(kd) and 2**13 <= float(x.abs().max()) * scale < 2**14
+    hi, lo = q3[..., :24].float(), q3[..., 48:].float()
+    assert torch.equal(q3[..., 24:48], q3[..., :24]) and torch.equal(d3[..., 48:], d3[..., :24])
+    assert torch.equal(d3[..., 24:48], q3[..., 48:])  # documents: [hi, lo, hi]
+    rebuilt = (hi + lo) / scale
+    assert float(((rebuilt - x).abs() / x.abs()).max()) < 2**-21
+
+
+@pytest.mark.parametrize("layout", ["cross", "candidates", "packed", "pairs"])
+def test_fp16x3_scores_are_fp32_accurate_and_pick_the_ieee_argmax(layout):
+    Q, D = _unit(3, 7, 40), _unit(6, 9, 40, seed=1)
+    exact = _exact(Q, D)
+    if layout == "cross":
+        got, arg = maxsim.maxsim(Q, D, precision="fp16x3", return_argmax=True)
+        _, want_arg = maxsim.maxsim(Q, D, precision="ieee", return_argmax=True)
+        assert torch.equal(arg, want_arg)
+    elif layout == "candidates":
+        cands = D[:4].reshape(2, 2, 9, 40).expand(3, 2, 2, 9, 40).reshape(3, 4, 9, 40)
+        got = maxsim.maxsim(Q, cands, precision="fp16x3")
+        exact = exact[:, :4]
+    elif layout == "packed":
+        got = maxsim.maxsim_varlen(list(Q), [D[i, : 3 + i] for i in range(6)], precision="fp16x3")
+        exact = torch.stack([_exact(Q, D[i: i + 1, : 3 + i])[:, 0] for i in range(6)], 1)
+    else:
+        q, cu_q, max_q = maxsim.pack(list(Q))
+        d, cu_d, max_d = maxsim.pack(list(D))
+        pq, pd = torch.tensor([0, 1, 2, 2], device=DEV), torch.tensor([5, 0, 3, 1], device=DEV)
+        got = maxsim.score_pairs_packed(q, d, cu_q, cu_d, pq, pd, max_q, max_d, precision="fp16x3")
+        exact = exact[pq.cpu(), pd.cpu()]
+    assert _rel(got, exact.to(got.device)) <= 1e-6
+
+
+@pytest.mark.parametrize("magnitude", [1e-6, 1e-3, 1e3, 1e6])
+def test_any_magnitude_keeps_the_accuracy(magnitude):
+    # fp16 alone would overflow (> 65504) or flush to zero here: the per-tensor power of two fixes it
+    Q, D = _unit(2, 5, 32) * magnitude, _unit(4, 6, 32, seed=2) * 7.0
+    got = maxsim.maxsim(Q, D, precision="fp16x3")
+    assert torch.isfinite(got).all()
+    assert _rel(got, _exact(Q, D).to(got.device)) <= 1e-6
+
+
+def test_normalize_and_masks_follow_the_ieee_path():
+    Q, D = _unit(3, 6, 32) * 5, _unit(5, 8, 32, seed=3) * 0.2
+    gen = torch.Generator().manual_seed(4)
+    q_mask = (torch.rand(3, 6, generator=gen) > 0.3).to(DEV)
+    d_mask = (torch.rand(5, 8, generator=gen) > 0.3).to(DEV)
+    d_mask[:, 0] = True
+    for mode in ("exclude", "multiply"):
+        want = maxsim.maxsim(Q, D, q_mask, d_mask, normalize=True, mask_mode=mode, precision="ieee")
+        got = maxsim.maxsim(Q, D, q_mask, d_mask, normalize=True, mask_mode=mode, precision="fp16x3")
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_nan_stays_in_its_own_document():
+    Q, D = _unit(2, 5, 32), _unit(4, 6, 32, seed=5) * 9.0
+    D[2, 3, 7] = float("nan")
+    got = maxsim.maxsim(Q, D, precision="fp16x3")
+    assert torch.isnan(got[:, 2]).all()
+    keep = [0, 1, 3]
+    assert _rel(got[:, keep], _exact(Q, D[keep]).to(got.device)) <= 1e-6
+
+
+def test_documents_in_groups_give_the_same_bits(monkeypatch):
+    Q, D = _unit(3, 5, 32), _unit(7, 6, 32, seed=6)
+    whole, whole_arg = maxsim.maxsim(Q, D, precision="fp16x3", return_argmax=True)
+    launches = []
+    real = dense_forward.launch
+
+    def count(kernel, *args, **kwargs):
+        if kernel is dense_forward._maxsim_fwd_kernel:
+            launches.append(1)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(dense_forward, "launch", count)
+    monkeypatch.setattr(T, "SPLIT16_CHUNK_BYTES", 2 * 6 * 3 * 32 * 2)  # two documents a group
+    parts, parts_arg = maxsim.maxsim(Q, D, precision="fp16x3", return_argmax=True)
+    assert len(launches) == 4
+    assert torch.equal(parts_arg, whole_arg)
+    # each group has its own power of two; the scores agree to fp32 rounding of the sums
+    torch.testing.assert_close(parts, whole, rtol=1e-6, atol=0)
+
+
+def test_gradients_are_the_ieee_paths():
+    Q, D = _unit(3, 5, 32), _unit(4, 6, 32, seed=7)
+    grads = {}
+    for precision in ("ieee", "fp16x3"):
+        q, d = Q.clone().requires_grad_(True), D.clone().requires_grad_(True)
+        maxsim.maxsim(q, d, precision=precision).square().sum().backward()
+        grads[precision] = (q.grad, d.grad)
+    for a, b in zip(grads["ieee"], grads["fp16x3"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16x3_on_a_training_and_a_rerank_shape():
+    # In-batch training (64 x 64, masked) and one query against 1K documents, unit-norm tokens.
+    torch.manual_seed(0)
+    for nq, nd, lq, ld in ((64, 64, 32, 180), (1, 1000, 32, 300)):
+        Q = torch.nn.functional.normalize(torch.randn(nq, lq, 128, device="cuda"), dim=-1)
+        D = torch.nn.functional.normalize(torch.randn(nd, ld, 128, device="cuda"), dim=-1)
+        d_mask = torch.arange(ld, device="cuda")[None] < torch.randint(ld // 4, ld + 1, (nd, 1), device="cuda")
+        sim = torch.einsum("asd,btd->abst", Q.double(), D.double()).masked_fill(~d_mask[None, :, None], -1e9)
+        exact = sim.amax(-1).sum(-1)
+        got, arg = maxsim.maxsim(Q, D, d_mask=d_mask, precision="fp16x3", return_argmax=True)
+        _, want_arg = maxsim.maxsim(Q, D, d_mask=d_mask, precision="ieee", return_argmax=True)
+        assert _rel(got, exact) <= 1e-6
+        assert float((arg == want_arg).float().mean()) > 0.999  # (near-ties may differ in the last bit)
