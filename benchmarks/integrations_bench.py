@@ -17,15 +17,20 @@ maxsim through the library's ``patch()``):
 Median ms from ``triton.testing.do_bench`` and the peak memory of one call above its inputs.
 
 Each backend runs in a fresh process (benchmarks/_isolate.py) that builds its inputs from a fixed
-seed: a backend that crashes the CUDA context is a ``crashed`` row. The results meet in files, for
-the relative error against the library's torch path.
+seed, one process for all PyLate cases of a batch (PyLate is slow to import) and one for each other
+library's case: a backend that crashes the CUDA context makes its rows ``crashed``, a case that
+merely raises is an ``error`` row. The results meet in files, for the relative error against the
+library's torch path.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
+import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -166,37 +171,87 @@ def _pylate_rerank(batch: int):
     return run
 
 
-def pylate_cell(case: str, batch: int, backend: str, result_path: str) -> dict:
-    """One PyLate case (a loss step, or a rerank) with ``backend`` (torch, lik, flash, or maxsim
-    through patch()), in its own process."""
+PYLATE_BACKENDS = (("torch", "  pylate torch"), ("lik", "  pylate lik"), ("flash", "  pylate flash"),
+                   ("maxsim", "  maxsim (patch)"))  # (backend, row name), torch first: the reference
+PYLATE_BACKEND_MODULES = {"lik": "late_interaction_kernels", "flash": "flash_maxsim"}
+
+
+def _pylate_result_path(tmp: str, case: str, batch: int, backend: str) -> str:
+    return str(Path(tmp) / f"pylate-{case}-{batch}-{backend}.pt")
+
+
+def pylate_cells(cases: list[str], batch: int, backend: str, tmp: str) -> dict:
+    """Every PyLate case in ``cases`` (loss steps, rerank) at ``batch`` with ``backend`` (torch, lik,
+    flash, or maxsim through patch()), in one process: ``{case: {"ms", "peak"} or {"error"}}``.
+    A case that raises is its own error; one that leaves CUDA unusable ends the process."""
+    from maxsim.bench.runner import classify_error
     from maxsim.integrations import pylate as maxsim_pylate
 
-    torch.manual_seed(SEED)
-    run = _pylate_rerank(batch) if case == "rerank" else _pylate_training_step(case, batch)
     os.environ["PYLATE_SCORES_BACKEND"] = "auto" if backend == "maxsim" else backend
     if backend == "maxsim":
-        maxsim_pylate.patch()  # this process ends with the measurement: no unpatch
-    return _measure(run, result_path)
+        maxsim_pylate.patch()  # this process ends with the measurements: no unpatch
+    measured = {}
+    for case in cases:
+        torch.manual_seed(SEED)  # each case's inputs the same whatever ran before it, in every backend
+        try:
+            run = _pylate_rerank(batch) if case == "rerank" else _pylate_training_step(case, batch)
+            measured[case] = _measure(run, _pylate_result_path(tmp, case, batch, backend))
+        except Exception as exc:
+            status = classify_error(exc)
+            if status == "crashed":  # the context is poisoned: the parent marks every case crashed
+                raise
+            traceback.print_exc()
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            measured[case] = {"error": f"{status}: {type(exc).__name__}: {first_line}"[:200]}
+        run = None  # the case's inputs go before the next case allocates its own
+        torch.cuda.empty_cache()
+        outcome = "error" if "error" in measured[case] else "done"
+        print(f"pylate batch {batch} {backend}: {case} {outcome}", file=sys.stderr, flush=True)
+    return measured
 
 
 def bench_pylate(rows, batch: int, tmp: str, timeout_s: float, cases) -> None:
+    """One process a backend for all ``cases`` (``timeout_s`` a case), then each case's rows."""
     q_len, d_len, _ = PYLATE_SHAPE
+    labels = {case: "pylate " + PYLATE_CASES[case].format(batch=batch, half=batch // 2, q=q_len, d=d_len,
+                                                          d_lo=d_len // 4)
+              for case in cases}
+    if not _importable("pylate"):
+        rows.append((labels[cases[0]], "not installed (pylate)", "", ""))
+        return
+    by_backend = {}
+    for backend, _ in PYLATE_BACKENDS:
+        module = PYLATE_BACKEND_MODULES.get(backend)
+        if module is not None and not _importable(module):
+            continue
+        start = time.perf_counter()
+        by_backend[backend] = run_isolated(pylate_cells, list(cases), batch, backend, tmp,
+                                           timeout_s=timeout_s * len(cases))
+        status = by_backend[backend]["status"]
+        print(f"pylate batch {batch}: {backend} {'done' if status == 'ok' else status} in "
+              f"{time.perf_counter() - start:.0f} s",
+              file=sys.stderr, flush=True)
     for case in cases:
-        label = "pylate " + PYLATE_CASES[case].format(batch=batch, half=batch // 2, q=q_len, d=d_len, d_lo=d_len // 4)
-        if not _importable("pylate"):
-            rows.append((label, "not installed (pylate)", "", ""))
-            return
-        rows.append((label, "", "", ""))
-        path = {b: str(Path(tmp) / f"pylate-{case}-{batch}-{b}.pt") for b in ("torch", "lik", "flash", "maxsim")}
-        _row(rows, "  pylate torch", pylate_cell, (case, batch, "torch"), path["torch"], timeout_s=timeout_s)
-        for backend, module in (("lik", "late_interaction_kernels"), ("flash", "flash_maxsim")):
-            if _importable(module):
-                _row(rows, f"  pylate {backend}", pylate_cell, (case, batch, backend), path[backend],
-                     reference_path=path["torch"], timeout_s=timeout_s)
-            else:
-                rows.append((f"  pylate {backend}", f"not installed ({module})", "", ""))
-        _row(rows, "  maxsim (patch)", pylate_cell, (case, batch, "maxsim"), path["maxsim"],
-             reference_path=path["torch"], timeout_s=timeout_s)
+        rows.append((labels[case], "", "", ""))
+        reference_path = _pylate_result_path(tmp, case, batch, "torch")
+        for backend, name in PYLATE_BACKENDS:
+            if backend not in by_backend:
+                rows.append((name, f"not installed ({PYLATE_BACKEND_MODULES[backend]})", "", ""))
+                continue
+            measured = by_backend[backend]
+            if measured["status"] != "ok":
+                rows.append((name, failed(measured)[:90], "", ""))
+                continue
+            cell = measured[case]
+            if "error" in cell:
+                rows.append((name, cell["error"][:90], "", ""))
+                continue
+            error = ""
+            if backend != "torch" and Path(reference_path).exists():  # torch measured this case
+                result = torch.load(_pylate_result_path(tmp, case, batch, backend))
+                reference = torch.load(reference_path)
+                error = f"{float((result - reference).norm() / reference.norm()):.1e}"
+            rows.append((name, f"{cell['ms']:.3f}", f"{cell['peak']:.0f}", error))
 
 
 def profile_pylate(case: str, batch: int) -> None:

@@ -129,6 +129,12 @@ def dense_forward_variants():
         yield f"fwd fp32 {precision} argmax masks", dict(base, BM=128, BN=64, BK=64, NUM_K=2, SEG=32, SAVE_ARGMAX=True,
                                                          HAS_QMASK=True, HAS_DMASK=True, DOT_PRECISION=precision), \
             dict(ptrs, q_ptr="fp32", d_ptr="fp32"), 8, 2
+    # fp32 split on chip (precision="fp16x3", few query rows a document token): one-query tiles
+    for bm, bn, bk, warps, stages in ((32, 32, 64, 4, 2), (32, 64, 64, 4, 3), (32, 64, 128, 4, 3), (32, 128, 64, 8, 3),
+                                      (64, 64, 64, 4, 3)):
+        yield f"fwd fp32 fp16x3 BM={bm} BN={bn} BK={bk} w{warps} s{stages}", \
+            dict(base, BM=bm, BN=bn, BK=bk, NUM_K=128 // bk, SEG=32, DOT_PRECISION="fp16x3", ROW_MAX=False,
+                 HAS_DMASK=True), dict(ptrs, q_ptr="fp32", d_ptr="fp32"), warps, stages
 
 
 def backward_variants():

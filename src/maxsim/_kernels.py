@@ -31,6 +31,41 @@ def stacked_rows(i_pid, Nq, n_chunks, BM: tl.constexpr, SEG: tl.constexpr):
 
 
 @triton.jit
+def _row_pow2(b_x):
+    """Per row of fp32 ``b_x [R, K]``: (2^k, 2^-k) with the row's largest magnitude times 2^k in
+    [2^13, 2^14), built from exponent bits (exact; a zero row gets 2^126, a NaN/inf row 2^-115)."""
+    b_amax = tl.max(tl.abs(b_x), axis=1)  # [R]
+    b_e = (b_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of the row max
+    b_k = tl.minimum(267 - b_e, 253)  # biased exponent of the scale: 2^(140 - e)
+    return (b_k << 23).to(tl.float32, bitcast=True), ((254 - b_k) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mma(b_s, b_q, b_d, DOT_PRECISION: tl.constexpr):
+    """``b_s + b_q @ b_d^T`` ([BM, BK] x [BN, BK] -> [BM, BN] fp32) with the product the selection
+    resolved: a Triton ``input_precision``, or "fp16x3" for fp32 tiles: each row scaled by a power
+    of two and split into fp16 hi + lo, three fp16 tensor-core products (hi.hi + hi.lo + lo.hi, the
+    lo.lo term below fp32's rounding), the partial sum unscaled exactly (maxsim._split's idea, on chip)."""
+    if DOT_PRECISION == "fp16x3":
+        b_qf = b_q.to(tl.float32)
+        b_df = b_d.to(tl.float32)
+        q_up, q_down = _row_pow2(b_qf)  # [BM]
+        d_up, d_down = _row_pow2(b_df)  # [BN]
+        b_qf = b_qf * q_up[:, None]
+        b_df = b_df * d_up[:, None]
+        b_qh = b_qf.to(tl.float16)
+        b_ql = (b_qf - b_qh.to(tl.float32)).to(tl.float16)
+        b_dh = tl.trans(b_df.to(tl.float16))  # [BK, BN]
+        b_dl = tl.trans((b_df - b_df.to(tl.float16).to(tl.float32)).to(tl.float16))
+        b_p = tl.dot(b_qh, b_dh)
+        b_p = tl.dot(b_qh, b_dl, b_p)
+        b_p = tl.dot(b_ql, b_dh, b_p)  # [BM, BN], scaled by q_up d_up
+        return b_s + b_p * q_down[:, None] * d_down[None, :]
+    else:
+        return tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc, i_group, d_row0, k0,
                LOAD_Q: tl.constexpr, EVEN_K: tl.constexpr, NORMALIZE: tl.constexpr,
                DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, USE_TMA: tl.constexpr,
@@ -55,7 +90,7 @@ def dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_kk, m_row, m_t, dim, d_desc,
     if DOT_UPCAST:
         b_s = tl.dot(b_q.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
     else:
-        b_s = tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
+        b_s = mma(b_s, b_q, b_d, DOT_PRECISION)  # [BM, BN]
     if NORMALIZE:
         b_df = b_d.to(tl.float32)
         d_sq += tl.sum(b_df * b_df, axis=1)

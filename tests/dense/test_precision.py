@@ -56,22 +56,24 @@ def test_fp32_calls_reach_the_kernel_with_their_precision(seen, precision):
     assert seen == [precision] * 4
 
 
-def test_auto_takes_the_fp16_split_where_many_rows_share_each_document_token(seen, monkeypatch):
+def test_auto_takes_the_fp16_split_on_hopper_copied_where_many_rows_share_a_token(seen, monkeypatch):
     Q, D = torch.randn(2, 5, 16, device=DEV), torch.randn(3, 7, 16, device=DEV)
     maxsim.maxsim(Q, D)
     assert seen == ["ieee"]  # the interpreter: no split on a family nobody measured
     few, many = T.SPLIT16_MIN_ROWS - 1, T.SPLIT16_MIN_ROWS
-    assert precision_choice(torch.float32, "auto", "sm90", few)[0] == "ieee"
+    choice, why = precision_choice(torch.float32, "auto", "sm90", few)
+    assert choice == "fp16x3" and "reading the fp32 documents sets the time" in why
     choice, why = precision_choice(torch.float32, "auto", "sm90", many)
-    assert choice == "fp16x3" and f"{many} query rows share each document token" in why
+    assert choice == "fp16x3-copy" and f"{many} query rows share each document token" in why
+    assert precision_choice(torch.float32, "fp16x3", "unmeasured", many)[0] == "fp16x3-copy"
     assert precision_choice(torch.float32, "auto", "unmeasured", many)[0] == "ieee"
-    # packed documents are split whole: auto makes no copy past the limit, and says so
+    # packed documents are copied whole: past the limit the split stays on chip, and says so
     values = T.SPLIT16_MAX_PACKED_BYTES // 6 + 1
     choice, why = precision_choice(torch.float32, "auto", "sm90", many, values)
-    assert choice == "ieee" and "auto limit" in why
-    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
-    choice, why = precision_choice(torch.float32, "auto", "sm90", few)
-    assert choice == "tf32x3" and "verified on sm90" in why
+    assert choice == "fp16x3" and "GiB limit" in why
+    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm80",))
+    choice, why = precision_choice(torch.float32, "auto", "sm80", few)
+    assert choice == "tf32x3" and "verified on sm80" in why
 
 
 def test_sixteen_bit_inputs_ignore_it(seen):
@@ -88,9 +90,11 @@ def test_named_precisions_run_when_asked_on_any_family():
     # The explicit words ran on the H200 (this file's GPU tests): a caller who names one gets it on
     # any GPU and any shape; "auto" takes a split only on families where it was measured to win.
     for family in ("sm90", "sm80", "unmeasured", "interpreter"):
-        for precision in ("fp16x3", "tf32x3", "tf32", "ieee"):
+        for precision in ("tf32x3", "tf32", "ieee"):
             assert precision_choice(torch.float32, precision, family, 1)[0] == precision
             assert precision_choice(torch.float32, precision, family, 10**6, 10**12)[0] == precision
+        assert precision_choice(torch.float32, "fp16x3", family, 1)[0] == "fp16x3"
+        assert precision_choice(torch.float32, "fp16x3", family, 10**6)[0] == "fp16x3-copy"
         if family != "sm90":
             assert precision_choice(torch.float32, "auto", family, 10**6)[0] == "ieee"
 
@@ -125,10 +129,12 @@ def test_gpu_fp32_accuracy_against_float64(monkeypatch, precision, bound):
 
 def test_explain_says_which_product_runs(monkeypatch):
     Q, D = torch.randn(1, 32, 128), torch.randn(100, 180, 128)
-    assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="sm90"))
+    assert "products: fp16x3 — split precision on chip" in str(maxsim.explain(Q, D, gpu="sm90"))
+    assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="sm90", precision="ieee"))
+    assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="unmeasured"))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90", precision="tf32x3"))
-    assert "products: fp16x3 — split precision through the 16-bit kernels" in str(
+    assert "products: fp16x3-copy — split precision through the 16-bit kernels" in str(
         maxsim.explain(torch.randn(4, 32, 128), D, gpu="sm90"))  # 128 query rows share each token
     assert "16-bit inputs: every product is exact" in str(maxsim.explain(Q.half(), D.half(), gpu="sm90"))
-    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm90",))
-    assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90"))
+    monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("unmeasured",))
+    assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="unmeasured"))

@@ -1,7 +1,8 @@
-"""precision="fp16x3": fp32 inputs through the 16-bit kernels on a two-term fp16 split
-(maxsim._split). Scores within fp32 accuracy of float64, the argmax of the IEEE path, the same
-gradients (the backward keeps the fp32 tensors), any magnitude, NaN kept to its own document, the
-documents split in groups without changing a bit of the result."""
+"""precision="fp16x3": fp32 inputs as two-term fp16 splits on the tensor cores, both ways the
+selection runs it: on chip in the fp32 kernels (maxsim._kernels.mma, few query rows per document
+token) and as a copy through the 16-bit kernels (maxsim._split, many rows). Scores within fp32
+accuracy of float64, the argmax of the IEEE path, the same gradients (the backward keeps the fp32
+tensors), any magnitude, NaN kept to its own document, documents copied in groups."""
 
 import pytest
 import torch
@@ -36,6 +37,13 @@ def _triton(monkeypatch):
     monkeypatch.setenv("MAXSIM_BACKEND", "triton")
 
 
+@pytest.fixture(params=["on-chip", "copy"])
+def way(request, monkeypatch):
+    """Which of the two fp16x3 paths every call of the test takes (the row threshold moved)."""
+    monkeypatch.setattr(T, "SPLIT16_MIN_ROWS", 10**9 if request.param == "on-chip" else 0)
+    return request.param
+
+
 def test_split_terms_rebuild_the_value_and_lay_out_per_side():
     x = torch.randn(5, 7, 24, device=DEV, dtype=torch.float32) * 3
     q3, kq = _split.split_fp16x3(x, document=False)
@@ -51,7 +59,7 @@ def test_split_terms_rebuild_the_value_and_lay_out_per_side():
 
 
 @pytest.mark.parametrize("layout", ["cross", "candidates", "packed", "pairs"])
-def test_fp16x3_scores_are_fp32_accurate_and_pick_the_ieee_argmax(layout):
+def test_fp16x3_scores_are_fp32_accurate_and_pick_the_ieee_argmax(layout, way):
     Q, D = _unit(3, 7, 40), _unit(6, 9, 40, seed=1)
     exact = _exact(Q, D)
     if layout == "cross":
@@ -75,7 +83,7 @@ def test_fp16x3_scores_are_fp32_accurate_and_pick_the_ieee_argmax(layout):
 
 
 @pytest.mark.parametrize("magnitude", [1e-6, 1e-3, 1e3, 1e6])
-def test_any_magnitude_keeps_the_accuracy(magnitude):
+def test_any_magnitude_keeps_the_accuracy(magnitude, way):
     # fp16 alone would overflow (> 65504) or flush to zero here: the per-tensor power of two fixes it
     Q, D = _unit(2, 5, 32) * magnitude, _unit(4, 6, 32, seed=2) * 7.0
     got = maxsim.maxsim(Q, D, precision="fp16x3")
@@ -83,7 +91,7 @@ def test_any_magnitude_keeps_the_accuracy(magnitude):
     assert _rel(got, _exact(Q, D).to(got.device)) <= 1e-6
 
 
-def test_normalize_and_masks_follow_the_ieee_path():
+def test_normalize_and_masks_follow_the_ieee_path(way):
     Q, D = _unit(3, 6, 32) * 5, _unit(5, 8, 32, seed=3) * 0.2
     gen = torch.Generator().manual_seed(4)
     q_mask = (torch.rand(3, 6, generator=gen) > 0.3).to(DEV)
@@ -95,7 +103,7 @@ def test_normalize_and_masks_follow_the_ieee_path():
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_nan_stays_in_its_own_document():
+def test_a_nan_stays_in_its_own_document(way):
     Q, D = _unit(2, 5, 32), _unit(4, 6, 32, seed=5) * 9.0
     D[2, 3, 7] = float("nan")
     got = maxsim.maxsim(Q, D, precision="fp16x3")
@@ -105,6 +113,7 @@ def test_a_nan_stays_in_its_own_document():
 
 
 def test_documents_in_groups_give_the_same_bits(monkeypatch):
+    monkeypatch.setattr(T, "SPLIT16_MIN_ROWS", 0)  # the copy path
     Q, D = _unit(3, 5, 32), _unit(7, 6, 32, seed=6)
     whole, whole_arg = maxsim.maxsim(Q, D, precision="fp16x3", return_argmax=True)
     launches = []
@@ -124,7 +133,7 @@ def test_documents_in_groups_give_the_same_bits(monkeypatch):
     torch.testing.assert_close(parts, whole, rtol=1e-6, atol=0)
 
 
-def test_gradients_are_the_ieee_paths():
+def test_gradients_are_the_ieee_paths(way):
     Q, D = _unit(3, 5, 32), _unit(4, 6, 32, seed=7)
     grads = {}
     for precision in ("ieee", "fp16x3"):
@@ -136,7 +145,7 @@ def test_gradients_are_the_ieee_paths():
 
 
 @pytest.mark.gpu
-def test_gpu_fp16x3_on_a_training_and_a_rerank_shape():
+def test_gpu_fp16x3_on_a_training_and_a_rerank_shape(way):
     # In-batch training (64 x 64, masked) and one query against 1K documents, unit-norm tokens.
     torch.manual_seed(0)
     for nq, nd, lq, ld in ((64, 64, 32, 180), (1, 1000, 32, 300)):

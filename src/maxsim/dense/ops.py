@@ -6,8 +6,8 @@ break: the ops have fake implementations) and ``torch.library.opcheck`` see one 
     maxsim::dense_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision)
         -> (scores, argmax)          (strategy: the backward's grad_D reduction; autograd's
                                       setup_context reads it from the op's inputs; precision:
-                                      the resolved fp32 product, "ieee" / "fp16x3" / "tf32x3" /
-                                      "tf32")
+                                      the resolved fp32 product, "ieee" / "fp16x3" /
+                                      "fp16x3-copy" / "tf32x3" / "tf32")
     maxsim::dense_backward(grad, Q, D, argmax, normalize, strategy) -> (grad_Q, grad_D)
 
 Each op's body asks :mod:`maxsim.selection.dense` for its kernel and tiles, then calls the
@@ -42,7 +42,7 @@ from maxsim.tuning.autotune import autotune_enabled
 
 def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_key=None, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
-    if precision == "fp16x3" and Q.dtype == torch.float32:
+    if precision == "fp16x3-copy" and Q.dtype == torch.float32:
         return _run_forward_split(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
     plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, precision)
     return _forward.maxsim_forward(Q, D, q_mask, d_mask, config=plan.config, warp_specialized=plan.warp_specialized,
@@ -191,11 +191,11 @@ def maxsim(
             the padded tail.
         precision: the products of fp32 inputs: ``"ieee"`` (IEEE FMAs on the CUDA cores, exact),
             ``"fp16x3"`` (each value split into two fp16 terms, three fp16 tensor-core products
-            summed in fp32: fp32-accurate, through the 16-bit kernels on a copy of 6 bytes a
-            value), ``"tf32x3"`` (the same idea with TF32 terms inside the fp32 kernels),
-            ``"tf32"`` (one TF32 product, relative error near 1e-4, the peers' trade) or
-            ``"auto"`` (on Hopper fp16x3 where many query rows share each document token,
-            IEEE elsewhere; ``maxsim.explain`` says which and why).
+            summed in fp32: fp32-accurate; on chip where few query rows share each document
+            token, through the 16-bit kernels on a copy of 6 bytes a value where many do),
+            ``"tf32x3"`` (the same idea with TF32 terms), ``"tf32"`` (one TF32 product,
+            relative error near 1e-4: the peers' trade) or ``"auto"`` (fp16x3 on Hopper, IEEE
+            on GPUs where no split was measured; ``maxsim.explain`` says which and why).
             16-bit inputs' products are exact whatever it says; the CPU backend computes IEEE fp32.
 
     Returns:

@@ -101,13 +101,17 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         bwd = varlen.strategy_choice(backward, q, d, max_q, n_pairs)
     else:
         masked = p.q_mask is not None or p.d_mask is not None
-        fwd = dense.forward_choice(p.Q, p.D, masked, normalize, return_argmax, family=family, exact_words=True)
+        rows = p.Q.shape[1] * (p.Q.shape[0] if not p.candidates else 1)
+        dot = precision_choice(p.Q.dtype, precision, family, rows)[0]
+        fq, fd = p.Q, p.D
+        if dot == "fp16x3-copy":  # what runs: the 16-bit kernel on the fp16 split, width 3d
+            fq, fd = (torch.empty((*t.shape[:-1], 3 * t.shape[-1]), dtype=torch.float16, device="meta") for t in (fq, fd))
+        fwd = dense.forward_choice(fq, fd, masked, normalize, return_argmax, family=family, exact_words=True,
+                                   precision=dot)
         bwd = dense.strategy_choice(backward, p.Q, p.D)
     dtype = q.dtype if packed else p.Q.dtype
     if packed:
         rows = max_q if pairs else q.shape[0]
-    else:
-        rows = p.Q.shape[1] * (p.Q.shape[0] if not p.candidates else 1)
     dot, why = precision_choice(dtype, precision, family, rows, d.numel() if packed else 0)
     products = f"{dot} — {why}" if dtype == torch.float32 else why
     return Explanation(header, fwd, bwd, backend_words, products)

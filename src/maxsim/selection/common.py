@@ -59,8 +59,10 @@ def format_config(config) -> str:
 PRECISIONS = ("auto", "ieee", "fp16x3", "tf32x3", "tf32")
 _PRECISION_WORDS = {
     "ieee": "IEEE fp32 FMAs on the CUDA cores (exact products)",
-    "fp16x3": ("split precision through the 16-bit kernels: each value as two fp16 terms, three fp16 "
-               "tensor-core products summed in fp32 (fp32-accurate; a 6-byte copy of each value)"),
+    "fp16x3": ("split precision on chip: each fp32 tile row scaled by a power of two and split into two "
+               "fp16 terms, three fp16 tensor-core products summed in fp32 (fp32-accurate)"),
+    "fp16x3-copy": ("split precision through the 16-bit kernels: an fp16 copy of each value as two terms "
+                    "(6 bytes a value), three fp16 tensor-core products summed in fp32 (fp32-accurate)"),
     "tf32x3": "split precision on the tensor cores: three TF32 products summed in fp32 (fp32-accurate)",
     "tf32": "one TF32 tensor-core product (10-bit mantissas: relative error near 1e-4)",
 }
@@ -70,30 +72,31 @@ def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int 
                      packed_values: int = 0) -> tuple[str, str]:
     """(the fp32 product a call runs, why) for inputs of ``dtype``, a call's ``precision=``, the
     device family and ``rows``, the query rows that share each document token (Nq Lq for a cross
-    product, Lq for candidate lists): "ieee", "fp16x3" (the split copy through the 16-bit kernels),
-    or a Triton ``input_precision`` of the fp32 kernels ("tf32x3", "tf32"). ``packed_values``: the
-    values of packed documents (split whole, so auto bounds their copy). 16-bit inputs' products
-    are exact in fp32 whatever it says."""
+    product, Lq for candidate lists). The product: "ieee", "tf32x3", "tf32" (Triton's
+    ``input_precision`` in the fp32 kernels), "fp16x3" (the split on chip, in the same kernels) or
+    "fp16x3-copy" (the split copied once, through the 16-bit kernels: where many rows share each
+    document token, so the product and not the read sets the time). ``packed_values``: the values
+    of packed documents (their copy is made whole, so it is bounded). 16-bit inputs' products are
+    exact in fp32 whatever it says."""
     check_choice("precision", precision, PRECISIONS)
     if dtype != torch.float32:
         return "tf32", "16-bit inputs: every product is exact in fp32 (precision= applies to fp32 inputs)"
-    if precision != "auto":
+    if precision == "auto" and family not in T.SPLIT16_FAMILIES:
+        if family in T.SPLIT_FP32_FAMILIES:
+            return "tf32x3", f"{_PRECISION_WORDS['tf32x3']}, verified on {family}"
+        return "ieee", (f"{_PRECISION_WORDS['ieee']}: no split-precision product has been verified on "
+                        f"{family} (precision='fp16x3' or 'tf32x3' asks for one)")
+    if precision not in ("auto", "fp16x3"):
         return precision, _PRECISION_WORDS[precision]
-    copy_gib = packed_values * 6 / 2**30
-    if family in T.SPLIT16_FAMILIES and rows >= T.SPLIT16_MIN_ROWS and copy_gib * 2**30 > T.SPLIT16_MAX_PACKED_BYTES:
-        return "ieee", (f"{_PRECISION_WORDS['ieee']}: the fp16 split would copy the packed documents whole "
-                        f"({copy_gib:.1f} GiB, past the {T.SPLIT16_MAX_PACKED_BYTES / 2**30:.0f} GiB auto limit; "
-                        "precision='fp16x3' asks for it)")
-    if family in T.SPLIT16_FAMILIES and rows >= T.SPLIT16_MIN_ROWS:
+    copy_bytes = packed_values * 6
+    if rows < T.SPLIT16_MIN_ROWS:
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: {rows} query rows share each document token "
-                          f"(>= {T.SPLIT16_MIN_ROWS}), where the product sets the time")
-    if family in T.SPLIT_FP32_FAMILIES:
-        return "tf32x3", f"{_PRECISION_WORDS['tf32x3']}, verified on {family}"
-    if family in T.SPLIT16_FAMILIES:
-        return "ieee", (f"{_PRECISION_WORDS['ieee']}: {rows} query rows share each document token "
-                        f"(< {T.SPLIT16_MIN_ROWS}), too few to repay the fp16 split's copy")
-    return "ieee", (f"{_PRECISION_WORDS['ieee']}: no split-precision product has been verified on "
-                    f"{family} (precision='fp16x3' or 'tf32x3' asks for one)")
+                          f"(< {T.SPLIT16_MIN_ROWS}), where reading the fp32 documents sets the time")
+    if copy_bytes > T.SPLIT16_MAX_PACKED_BYTES:
+        return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a copy of the packed documents would take "
+                          f"{copy_bytes / 2**30:.1f} GiB, past the {T.SPLIT16_MAX_PACKED_BYTES / 2**30:.0f} GiB limit")
+    return "fp16x3-copy", (f"{_PRECISION_WORDS['fp16x3-copy']}: {rows} query rows share each document token "
+                           f"(>= {T.SPLIT16_MIN_ROWS}), where the product sets the time")
 
 
 def auto_strategy(one_query_per_document: bool, lq: int, fp32_buffer_bytes: int,

@@ -26,17 +26,25 @@ from maxsim.tuning.rules import first_match, next_pow2, tile_of
 FORWARD_KERNELS = (specs.WARP_SPECIALIZED_FORWARD, specs.TRITON_FORWARD)
 
 
+def dtype_class(dtype: torch.dtype, precision: str = "ieee") -> str:
+    """The tables' dtype feature: "16bit", "fp32" (IEEE / TF32 dots), or "fp32-fp16x3" (fp32 tiles
+    split on chip into fp16 terms: bandwidth tiles, not the FMA units' small ones)."""
+    if dtype != torch.float32:
+        return "16bit"
+    return "fp32-fp16x3" if precision == "fp16x3" else "fp32"
+
+
 def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool, big: bool,
-             long_corpus: bool = False) -> dict:
-    """The bucketed features the forward tables match on."""
+             long_corpus: bool = False, precision: str = "ieee") -> dict:
+    """The bucketed features the forward tables match on (``precision``: the resolved fp32 product)."""
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
-    return dict(dtype="fp32" if dtype == torch.float32 else "16bit", d=d, rows=rows, seg=seg, big_corpus=big,
+    return dict(dtype=dtype_class(dtype, precision), d=d, rows=rows, seg=seg, big_corpus=big,
                 argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus)
 
 
 def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bool, argmax: bool,
-                   family: str | None = None, exact_words: bool = False) -> Choice:
+                   family: str | None = None, exact_words: bool = False, precision: str = "ieee") -> Choice:
     """The forward kernel and tile for canonical ``Q [Nq, Lq, d]``, ``D [Nq|1, Nd, Ld, d]`` on the
     tensors' device (or as ``family`` would run it). Cached by bucket: a new Nd or Ld inside a
     bucket costs a dictionary look-up. ``exact_words``: rejections quote the call's own token
@@ -47,7 +55,7 @@ def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bo
     ws_note = specs.WARP_SPECIALIZED_FORWARD.layout_check(Q, D) if G == 1 else None
     tokens = G * Nd * Ld
     key = (next_pow2(max(Nq, 1)), next_pow2(max(Lq, 1)), d, Q.dtype, G != 1, masked, normalize, argmax,
-           is_big_corpus(tokens), tokens >= T.WS_ONE_BLOCK_MIN_TOKENS)
+           is_big_corpus(tokens), tokens >= T.WS_ONE_BLOCK_MIN_TOKENS, dtype_class(Q.dtype, precision))
     if exact_words:
         return _decide(*key, tokens, family, ws_note)
     return _forward_choice(*key, family, ws_note)
@@ -55,14 +63,15 @@ def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bo
 
 @functools.lru_cache(maxsize=1024)
 def _forward_choice(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus,
-                    family, ws_note) -> Choice:
-    return _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, None,
-                   family, ws_note)
+                    dtype_word, family, ws_note) -> Choice:
+    return _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, dtype_word,
+                   None, family, ws_note)
 
 
-def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, tokens, family,
-            ws_note) -> Choice:
-    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus)
+def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, dtype_word, tokens,
+            family, ws_note) -> Choice:
+    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus,
+                 "fp16x3" if dtype_word == "fp32-fp16x3" else "ieee")
     layout = "candidates" if candidates else "cross"
     notes = ((specs.WARP_SPECIALIZED_FORWARD.name, ws_note),) if ws_note else ()
     call = call_of(dtype, d, layout, masked, normalize, argmax, family, notes)
@@ -217,7 +226,7 @@ def forward_plan(Q, D, q_mask, d_mask, normalize: bool, multiply: bool, argmax: 
     """The kernel and tile for a forward call on canonical inputs; with ``MAXSIM_AUTOTUNE=1`` the
     fastest of the table tile's neighbours, timed once per bucket and kept on disk; with
     ``MAXSIM_FORWARD_TILE`` the forced tile (the Gluon kernel only where it can run the call)."""
-    choice = forward_choice(Q, D, q_mask is not None or d_mask is not None, normalize, argmax)
+    choice = forward_choice(Q, D, q_mask is not None or d_mask is not None, normalize, argmax, precision=precision)
     ws = choice.kernel is specs.WARP_SPECIALIZED_FORWARD
     if FORCED_TILE is not None:
         forced, forced_ws = FORCED_TILE

@@ -65,7 +65,7 @@ class Rule:
     benchmarks/HISTORY.md); "not tuned" for fixed starting points.
     Tile values may be symbolic: ``"rows"`` = max(16, rows), ``"rows<=128"`` = min(128, max(16,
     rows)) (``"rows<=64"``, ``"rows<=32"`` likewise), ``"d"`` = max(16, next_pow2(d)), ``"d<=64"`` = min(64, max(16,
-    next_pow2(d))).
+    next_pow2(d))) (``"d<=128"`` likewise).
     """
 
     name: str
@@ -79,7 +79,8 @@ def resolve(value, features: dict):
     if not isinstance(value, str):
         return value
     rows, bk = max(16, features.get("rows", 16)), max(16, next_pow2(features.get("d", 16)))
-    return {"rows": rows, "rows<=128": min(128, rows), "rows<=64": min(64, rows), "rows<=32": min(32, rows), "d": bk, "d<=64": min(64, bk)}[value]
+    return {"rows": rows, "rows<=128": min(128, rows), "rows<=64": min(64, rows), "rows<=32": min(32, rows), "d": bk, "d<=64": min(64, bk),
+            "d<=128": min(128, bk)}[value]
 
 
 def first_match(table: tuple[Rule, ...], features: dict) -> Rule:

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from maxsim._checks import pairs_valid, sequences_valid
 from maxsim._dispatch import cuda_index, interpreting
-from maxsim._kernels import max_nan, stacked_rows
+from maxsim._kernels import max_nan, mma, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 
@@ -88,7 +88,7 @@ def _doc_rowmax(b_q, p_q, m_row, d_ptr, d_lo, d_hi, dim,
             if DOT_UPCAST:
                 b_s = tl.dot(b_qk.to(tl.float32), tl.trans(b_d.to(tl.float32)), b_s, input_precision="ieee")
             else:
-                b_s = tl.dot(b_qk, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+                b_s = mma(b_s, b_qk, b_d, DOT_PRECISION)
         b_s = tl.where(m_t[None, :], b_s, NEG_INF)
         b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
         if SAVE_ARGMAX:

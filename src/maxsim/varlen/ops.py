@@ -23,7 +23,7 @@ from maxsim.varlen.stream import stream_forward
 
 def _run_forward(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, save_argmax=False, precision="ieee"):
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
-    if precision == "fp16x3" and q.dtype == torch.float32:
+    if precision == "fp16x3-copy" and q.dtype == torch.float32:
         # the 16-bit kernels on the fp16 split (maxsim._split): same tokens, width 3d
         q3, q_exp = split_fp16x3(q, document=False)  # [Tq, 3d]
         d3, d_exp = split_fp16x3(d, document=True)  # [Td, 3d]
@@ -208,8 +208,8 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         validate: check every value on the host even with both max lengths (one synchronisation),
             raising an error that names the problem instead of scoring it NaN.
         precision: fp32 inputs' products, as :func:`maxsim.maxsim`'s (``"auto"``, ``"ieee"``,
-            ``"fp16x3"``, ``"tf32x3"``, ``"tf32"``). ``"auto"`` does not make the fp16 split's
-            copy (6 bytes a value, whole) of packed documents past 4 GiB of copy.
+            ``"fp16x3"``, ``"tf32x3"``, ``"tf32"``); fp16x3 splits on chip rather than copy packed
+            documents whose copy (6 bytes a value, made whole) would pass 4 GiB.
 
     Returns:
         ``[Nq, Nd]`` fp32; an empty sequence contributes 0 (and gets zero gradient). Same as

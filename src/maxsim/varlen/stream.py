@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from maxsim._dispatch import cuda_index, interpreting
-from maxsim._kernels import max_nan, stacked_rows
+from maxsim._kernels import max_nan, mma, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 from maxsim.varlen.forward import _NO_BOUND, _load_query_block, seq_range
@@ -68,7 +68,7 @@ def _residual_plane(b_s, d_sq, b_qk, k: tl.constexpr, b_bytes, p_c, m_tile, pack
             # 16-bit tokens: the squares on the tensor cores (X X^T, exact products, fp32 sums),
             # whose diagonal the caller takes: widening every element to fp32 costs more.
             d_sq = tl.dot(b_x, tl.trans(b_x), d_sq)  # [BN, BN]
-    b_s = tl.dot(b_qk, tl.trans(b_x), b_s, input_precision=DOT_PRECISION)
+    b_s = mma(b_s, b_qk, b_x, DOT_PRECISION)
     return b_s, d_sq
 
 
@@ -188,7 +188,7 @@ def _tile_scores(b_q, p_q, m_row, d_ptr, scale_ptr, t0, t_hi, dim, Q_DTYPE: tl.c
                     b_d = (b_d.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
                 else:
                     b_d = b_d.to(Q_DTYPE)  # one-byte codes widen exactly (int8, e4m3 fit fp16 and bf16)
-                b_s = tl.dot(b_qk, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
+                b_s = mma(b_s, b_qk, b_d, DOT_PRECISION)
         if QDOT:
             b_s = b_s * b_qscale[:, None]
     if SCALED:
