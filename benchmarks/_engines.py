@@ -126,6 +126,8 @@ class XtrWarp:
         self._cls = XTRWarp
         self.nbits = options["xtr_warp_nbits"]
         self.threads = options["xtr_warp_threads"]
+        self.threshold = options.get("xtr_warp_threshold")  # None: its heuristic's
+        self.short = 0  # queries that got fewer than K passages back (pruned by the threshold)
         self.index = None
         self.params = None
         self.memory = None
@@ -150,19 +152,25 @@ class XtrWarp:
             self.memory = {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
     def search(self, q: torch.Tensor) -> torch.Tensor:
-        return _ids(self.index.search(queries_embeddings=q, top_k=K, num_threads=self.threads, show_progress=False))
+        ids = _ids(self.index.search(queries_embeddings=q, top_k=K, num_threads=self.threads, show_progress=False,
+                                     centroid_score_threshold=self.threshold))
+        self.short = max(self.short, int((ids < 0).any(1).sum()))
+        return ids
 
     def stored_bytes(self, index_path: str) -> int:
         return dir_bytes(index_path)
 
     def info(self) -> dict:
         return dict(nbits=self.nbits, num_threads=self.threads, search_params=self.params,
-                    estimated_index_bytes=self.memory)
+                    centroid_score_threshold=self.threshold, estimated_index_bytes=self.memory,
+                    queries_short_of_k=self.short)
 
     def note(self) -> str:
         p = self.params or {}
         picked = f"nprobe {p['nprobe']}, bound {p['bound']}, t' {p['t_prime']:,}" if p else "its automatic settings"
-        return f"WARP {self.nbits}-bit, {picked}, {self.threads} thread(s)"
+        threshold = "" if self.threshold is None else f", centroid threshold {self.threshold:g}"
+        short = f", {self.short} queries of a batch got < {K} passages" if self.short else ""
+        return f"WARP {self.nbits}-bit, {picked}{threshold}, {self.threads} thread(s){short}"
 
 
 class ColSearch:

@@ -4,6 +4,7 @@
 # from the same shapes in gpu_session.sh fp32). Logs under $OUT; one table line a (tile, shape).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/maxsim-out}; mkdir -p "$OUT"
 SHAPES=${SWEEP_SHAPES:-m_colbertv2_rerank_1x1k_32x180_d128_fp32,m_answerai-small_rerank_1x1k_32x300_d96_fp32,m_jina-v2-d64_rerank_1x1k_32x512_d64_fp32,m_mxbai-edge-32m_rerank_1x1k_48x512_d64_fp32,m_colpali-v1.3_rerank_1x1k_32x1030_d128_fp32}
 TILES=${SWEEP_TILES:-"table
@@ -17,6 +18,6 @@ while read -r tile; do
   [ -z "$tile" ] && continue
   args=(); [ "$tile" != table ] && args=(--forward-tile "$tile")
   python3 -m maxsim bench --quick --timeout 60 --shapes "$SHAPES" --providers maxsim "${args[@]}" \
-    > "$OUT/fp32-sweep-${tile//[^A-Za-z0-9=]/_}.log" 2>&1
-  grep -E "^m_" "$OUT/fp32-sweep-${tile//[^A-Za-z0-9=]/_}.log" | awk -v t="$tile" '{print t, $1, $(NF-4), $(NF-3) "% floor"}'
+    > "$OUT/fp32-sweep-${tile//[^A-Za-z0-9]/_}.log" 2>&1
+  grep -E "^m_" "$OUT/fp32-sweep-${tile//[^A-Za-z0-9]/_}.log" | awk -v t="$tile" '{print t, $1, $(NF-4), $(NF-3) "% floor"}'
 done <<< "$TILES"

@@ -91,7 +91,7 @@ for step in "$@"; do
         .whl-engines/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
       PYTHONPATH="$PYTHONPATH:/tmp/site-engines" timeout "${ENGINES_TIMEOUT:-560}" python3 benchmarks/headline_bench.py \
         --docs "${DOCS:-1000000}" --encodings "${ENCODINGS:-float16}" --engines "${ENGINES:-fast-plaid,xtr-warp,colsearch}" \
-        --deadline-s "${ENGINES_DEADLINE:-500}" --out "$OUT" 2>&1 | tee "$OUT/engines.log" | tail -20 || status=1 ;;
+        --deadline-s "${ENGINES_DEADLINE:-500}" --out "$OUT" ${ENGINES_ARGS:-} 2>&1 | tee "$OUT/engines.log" | tail -20 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

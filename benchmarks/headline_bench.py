@@ -415,6 +415,9 @@ def main() -> None:
                     help="run the peer engines up to this many passages")
     ap.add_argument("--nbits", type=int, default=2, help="fast-plaid's residual bits")
     ap.add_argument("--xtr-warp-nbits", type=int, default=4, help="xtr-warp's residual bits (its default: 4)")
+    ap.add_argument("--xtr-warp-threshold", type=float, default=None,
+                    help="xtr-warp's centroid_score_threshold (default: its heuristic's, 0.4-0.5: on passages whose "
+                         "tokens sit below it every centroid is pruned and nothing comes back)")
     ap.add_argument("--xtr-warp-threads", type=int, default=1,
                     help="xtr-warp's search num_threads (its default: 1; on CUDA more fan a batch over streams)")
     ap.add_argument("--no-colsearch-warmup", dest="colsearch_warmup", action="store_false",
@@ -436,7 +439,8 @@ def main() -> None:
     options = dict(device=args.device, queries=args.queries, reps=args.reps, search_budget_s=args.search_budget_s,
                    slice_docs=args.slice_docs, nbits=args.nbits, build_tf32=args.build_tf32, seed=args.seed,
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
-                   xtr_warp_threads=args.xtr_warp_threads, colsearch_warmup=args.colsearch_warmup)
+                   xtr_warp_threads=args.xtr_warp_threads,
+                   xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup)
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
