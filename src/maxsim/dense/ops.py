@@ -240,8 +240,8 @@ def maxsim(
         run = maxsim_cpu if pytorch_backend() == "cpu" else reference.maxsim_reference
         return run(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax)
     multiply = mask_mode == "multiply"
-    rows = p.Q.shape[1] * (p.Q.shape[0] if p.D.shape[0] == 1 else 1)  # query rows sharing a document token
-    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1], rows)[0]
+    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1],
+                                     select.query_rows_per_token(p.Q, p.D))[0]
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:

@@ -26,20 +26,20 @@ from maxsim.tuning.rules import first_match, next_pow2, tile_of
 FORWARD_KERNELS = (specs.WARP_SPECIALIZED_FORWARD, specs.TRITON_FORWARD)
 
 
-def dtype_class(dtype: torch.dtype, precision: str = "ieee") -> str:
-    """The tables' dtype feature: "16bit", "fp32" (IEEE / TF32 dots), or "fp32-fp16x3" (fp32 tiles
-    split on chip into fp16 terms: bandwidth tiles, not the FMA units' small ones)."""
-    if dtype != torch.float32:
-        return "16bit"
-    return "fp32-fp16x3" if precision == "fp16x3" else "fp32"
+def query_rows_per_token(Q: torch.Tensor, D: torch.Tensor) -> int:
+    """Query rows that share each document token of canonical ``Q [Nq, Lq, d]``, ``D [G, Nd, Ld, d]``:
+    Nq Lq for documents shared by every query, Lq for candidate lists (what fp32's product rule reads)."""
+    return Q.shape[1] * (Q.shape[0] if D.shape[0] == 1 else 1)
 
 
 def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool, big: bool,
              long_corpus: bool = False, precision: str = "ieee") -> dict:
-    """The bucketed features the forward tables match on (``precision``: the resolved fp32 product)."""
+    """The bucketed features the forward tables match on. ``dtype``: "16bit", "fp32" (IEEE / TF32
+    dots) or "fp32-fp16x3" (fp32 tiles split on chip, ``precision`` "fp16x3": bandwidth tiles)."""
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
-    return dict(dtype=dtype_class(dtype, precision), d=d, rows=rows, seg=seg, big_corpus=big,
+    word = "16bit" if dtype != torch.float32 else ("fp32-fp16x3" if precision == "fp16x3" else "fp32")
+    return dict(dtype=word, d=d, rows=rows, seg=seg, big_corpus=big,
                 argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus)
 
 
@@ -55,7 +55,7 @@ def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bo
     ws_note = specs.WARP_SPECIALIZED_FORWARD.layout_check(Q, D) if G == 1 else None
     tokens = G * Nd * Ld
     key = (next_pow2(max(Nq, 1)), next_pow2(max(Lq, 1)), d, Q.dtype, G != 1, masked, normalize, argmax,
-           is_big_corpus(tokens), tokens >= T.WS_ONE_BLOCK_MIN_TOKENS, dtype_class(Q.dtype, precision))
+           is_big_corpus(tokens), tokens >= T.WS_ONE_BLOCK_MIN_TOKENS, precision)
     if exact_words:
         return _decide(*key, tokens, family, ws_note)
     return _forward_choice(*key, family, ws_note)
@@ -63,15 +63,14 @@ def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bo
 
 @functools.lru_cache(maxsize=1024)
 def _forward_choice(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus,
-                    dtype_word, family, ws_note) -> Choice:
-    return _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, dtype_word,
+                    precision, family, ws_note) -> Choice:
+    return _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, precision,
                    None, family, ws_note)
 
 
-def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, dtype_word, tokens,
+def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, precision, tokens,
             family, ws_note) -> Choice:
-    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus,
-                 "fp16x3" if dtype_word == "fp32-fp16x3" else "ieee")
+    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus, precision)
     layout = "candidates" if candidates else "cross"
     notes = ((specs.WARP_SPECIALIZED_FORWARD.name, ws_note),) if ws_note else ()
     call = call_of(dtype, d, layout, masked, normalize, argmax, family, notes)

@@ -14,6 +14,12 @@ from maxsim.tuning.rules import first_match, next_pow2, tile_of
 from maxsim.varlen import specs
 
 
+def query_rows_per_token(q, max_q: int, pairs: bool) -> int:
+    """Query rows that share each packed document token: every query token ``q [Tq, d]`` for the
+    cross product, one query's (at most ``max_q``) for pairs (what fp32's product rule reads)."""
+    return max_q if pairs else q.shape[0]
+
+
 def forward_choice(q: torch.Tensor, Nq: int, max_q: int, pairs: bool, argmax: bool,
                    family: str | None = None) -> Choice:
     """Kernel and tile (a dict: BM, BN, BK, num_warps, num_stages) for packed ``q [Tq, dim]``."""
