@@ -33,10 +33,37 @@ _ROW_ELEMENTS = 8192  # values a program splits per step (registers): BR rows x 
 
 
 @triton.jit
-def _split_kernel(x_ptr, out_ptr, scale_ptr, rows, dim, stride_row,
-                  DOCUMENT: tl.constexpr, NORMALIZE: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+def _pow2(k):
+    """2^k for int32 k in [-126, 127], exact: the fp32 with that exponent field."""
+    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _abs_max_bits_kernel(x_ptr, out_ptr, rows, dim, stride_row, BR: tl.constexpr, BD: tl.constexpr):
+    """x [rows, dim] -> atomic max of |x|'s bit patterns into the zeroed int32 ``out``. For
+    non-negative fp32 the bit patterns order as the values do, and a NaN's lies above inf's."""
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR)  # [BR]
+    o_d = tl.arange(0, BD)  # [BD]
+    m = (o_r < rows)[:, None] & (o_d < dim)[None, :]
+    b_x = tl.load(x_ptr + o_r.to(tl.int64)[:, None] * stride_row + o_d[None, :], mask=m, other=0.0)
+    b_bits = tl.abs(b_x.to(tl.float32)).to(tl.int32, bitcast=True)  # [BR, BD]
+    tl.atomic_max(out_ptr, tl.max(tl.max(b_bits, axis=1), axis=0))
+
+
+@triton.jit
+def _split_kernel(x_ptr, out_ptr, abs_max_bits_ptr, exponent_ptr, rows, dim, stride_row,
+                  DOCUMENT: tl.constexpr, NORMALIZE: tl.constexpr, TOP: tl.constexpr,
+                  BR: tl.constexpr, BD: tl.constexpr):
     """x [rows, dim] (any row stride, unit column stride) -> out [rows, 3 * dim] fp16:
-    ``[hi, hi, lo]`` (queries) or ``[hi, lo, hi]`` (documents) of ``x * scale``."""
+    ``[hi, hi, lo]`` (queries) or ``[hi, lo, hi]`` (documents) of ``x 2^k``, k written to
+    ``exponent`` (from the largest magnitude's bits; TOP - 1 for unit rows)."""
+    if NORMALIZE:
+        k = tl.full((), TOP - 1, tl.int32)
+    else:
+        bits = tl.load(abs_max_bits_ptr)
+        # frexp's exponent of the largest magnitude (m 2^e, m in [0.5, 1)); 0 / subnormal: clamped
+        k = tl.minimum(TOP - (((bits >> 23) & 0xFF) - 126), 126)
+        k = tl.where(bits >= 0x7F800000, 0, k)  # NaN or inf: no scaling (it could overflow the finite rows)
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)  # [BR]
     o_d = tl.arange(0, BD)  # [BD]
     m = (o_r < rows)[:, None] & (o_d < dim)[None, :]
@@ -45,7 +72,7 @@ def _split_kernel(x_ptr, out_ptr, scale_ptr, rows, dim, stride_row,
     if NORMALIZE:  # same rule as the kernels' own: x / max(|x|, 1e-12)
         b_norm = tl.sqrt(tl.sum(b_x * b_x, axis=1))  # [BR]
         b_x = b_x / tl.maximum(b_norm, 1e-12)[:, None]
-    b_x = b_x * tl.load(scale_ptr)
+    b_x = b_x * _pow2(k)
     b_hi = b_x.to(tl.float16)
     b_lo = (b_x - b_hi.to(tl.float32)).to(tl.float16)
     p_out = out_ptr + o_r.to(tl.int64)[:, None] * (3 * dim) + o_d[None, :]
@@ -56,39 +83,53 @@ def _split_kernel(x_ptr, out_ptr, scale_ptr, rows, dim, stride_row,
     else:
         tl.store(p_out + dim, b_hi, mask=m)
         tl.store(p_out + 2 * dim, b_lo, mask=m)
+    if tl.program_id(0) == 0:
+        tl.store(exponent_ptr, k)
 
 
-def _scale_exponent(x: torch.Tensor, normalize: bool) -> torch.Tensor:
-    """int32 0-d k with max|x| 2^k in [2^13, 2^14) (unit rows with ``normalize``); on the device."""
-    if normalize or x.numel() == 0:
-        return torch.full((), _TOP_EXPONENT - 1, dtype=torch.int32, device=x.device)
-    amax = torch.linalg.vector_norm(x, ord=float("inf"))  # one read, nothing materialised
-    _, exponent = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1)
-    # A NaN or inf anywhere: no scaling (a scale from a NaN could overflow the finite rows' hi)
-    return torch.where(torch.isfinite(amax), _TOP_EXPONENT - exponent, 0).to(torch.int32)
+@triton.jit
+def _unscale_kernel(s_ptr, n, q_exponent_ptr, d_exponent_ptr, BLOCK: tl.constexpr):
+    """s [n] *= 2^-k_q 2^-k_d, in place: two exact factors (their product may not be an fp32)."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    b_s = tl.load(s_ptr + o, mask=o < n)
+    b_s = b_s * _pow2(-tl.load(q_exponent_ptr)) * _pow2(-tl.load(d_exponent_ptr))
+    tl.store(s_ptr + o, b_s, mask=o < n)
+
+
+def _tile(d: int) -> tuple[int, int]:
+    BD = next_pow2(d)
+    return max(1, min(64, _ROW_ELEMENTS // BD)), BD
 
 
 def split_fp16x3(x: torch.Tensor, document: bool, normalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``x [..., d]`` -> (fp16 ``[..., 3d]`` contiguous, int32 0-d scale exponent k): the
     split of ``x 2^k`` (rows normalised first with ``normalize``), laid out for the query side or,
-    with ``document``, the document side."""
+    with ``document``, the document side. Two launches (one with ``normalize``) and a zeroed
+    word: the call is often host-bound (a training step's loss), so no torch ops besides."""
     d = x.shape[-1]
     rows = x.reshape(-1, d) if x.stride(-1) == 1 else x.contiguous().reshape(-1, d)  # [R, d]
-    exponent = _scale_exponent(rows, normalize)
     out = torch.empty((*x.shape[:-1], 3 * d), dtype=torch.float16, device=x.device)
     n = rows.shape[0]
     if n == 0 or d == 0:
-        return out, exponent
-    scale = torch.ldexp(torch.ones((), dtype=torch.float32, device=x.device), exponent)  # exact 2^k
-    BD = next_pow2(d)
-    BR = max(1, min(64, _ROW_ELEMENTS // BD))
-    launch(_split_kernel, (triton.cdiv(n, BR),), (rows, out, scale, n, d, rows.stride(0)),
-           dict(DOCUMENT=document, NORMALIZE=normalize, BR=BR, BD=BD), num_warps=4,
-           num_stages=1 if interpreting() else 2)
-    return out, exponent
+        return out, torch.full((), _TOP_EXPONENT - 1, dtype=torch.int32, device=x.device)
+    words = torch.zeros(1 if normalize else 2, dtype=torch.int32, device=x.device)  # [k, (|x| max bits)]
+    BR, BD = _tile(d)
+    grid = (triton.cdiv(n, BR),)
+    stages = 1 if interpreting() else 2
+    if not normalize:
+        launch(_abs_max_bits_kernel, grid, (rows, words[1:], n, d, rows.stride(0)), dict(BR=BR, BD=BD),
+               num_warps=4, num_stages=stages)
+    launch(_split_kernel, grid, (rows, out, words[1:] if not normalize else words, words[:1], n, d, rows.stride(0)),
+           dict(DOCUMENT=document, NORMALIZE=normalize, TOP=_TOP_EXPONENT, BR=BR, BD=BD), num_warps=4,
+           num_stages=stages)
+    return out, words[0]
 
 
 def unscale(scores: torch.Tensor, q_exponent: torch.Tensor, d_exponent: torch.Tensor) -> torch.Tensor:
-    """``scores / (2^k_q 2^k_d)`` in place (exact)."""
-    return scores.mul_(torch.ldexp(torch.ones((), dtype=torch.float32, device=scores.device),
-                                   -(q_exponent + d_exponent)))
+    """``scores / (2^k_q 2^k_d)`` in place (exact), one launch; ``scores`` contiguous fp32."""
+    n = scores.numel()
+    if n:
+        BLOCK = 1024
+        launch(_unscale_kernel, (triton.cdiv(n, BLOCK),), (scores, n, q_exponent, d_exponent), dict(BLOCK=BLOCK),
+               num_warps=4, num_stages=1)
+    return scores

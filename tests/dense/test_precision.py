@@ -62,16 +62,20 @@ def test_auto_takes_the_fp16_split_on_hopper_copied_where_many_rows_share_a_toke
     # the interpreter: no split on a family nobody measured; the H200: the split on chip
     assert seen == (["ieee"] if DEV == "cpu" else ["fp16x3"])
     few, many = T.SPLIT16_MIN_ROWS - 1, T.SPLIT16_MIN_ROWS
-    choice, why = precision_choice(torch.float32, "auto", "sm90", few)
+    big = -(-T.SPLIT16_MIN_PRODUCTS // many)  # document values: enough products for the copy
+    choice, why = precision_choice(torch.float32, "auto", "sm90", few, big * 2)
     assert choice == "fp16x3" and "reading the fp32 documents sets the time" in why
-    choice, why = precision_choice(torch.float32, "auto", "sm90", many)
+    choice, why = precision_choice(torch.float32, "auto", "sm90", many, big)
     assert choice == "fp16x3-copy" and f"{many} query rows share each document token" in why
-    assert precision_choice(torch.float32, "fp16x3", "unmeasured", many)[0] == "fp16x3-copy"
-    assert precision_choice(torch.float32, "auto", "unmeasured", many)[0] == "ieee"
+    choice, why = precision_choice(torch.float32, "auto", "sm90", many, big - 1)  # a small call: on chip
+    assert choice == "fp16x3" and "a small call" in why
+    assert precision_choice(torch.float32, "fp16x3", "unmeasured", many, big)[0] == "fp16x3-copy"
+    assert precision_choice(torch.float32, "auto", "unmeasured", many, big)[0] == "ieee"
     # packed documents are copied whole: past the limit the split stays on chip, and says so
     values = T.SPLIT16_MAX_PACKED_BYTES // 6 + 1
-    choice, why = precision_choice(torch.float32, "auto", "sm90", many, values)
+    choice, why = precision_choice(torch.float32, "auto", "sm90", many, values, packed=True)
     assert choice == "fp16x3" and "GiB limit" in why
+    assert precision_choice(torch.float32, "auto", "sm90", many, values)[0] == "fp16x3-copy"  # dense: in groups
     monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm80",))
     choice, why = precision_choice(torch.float32, "auto", "sm80", few)
     assert choice == "tf32x3" and "verified on sm80" in why
@@ -95,7 +99,7 @@ def test_named_precisions_run_when_asked_on_any_family():
             assert precision_choice(torch.float32, precision, family, 1)[0] == precision
             assert precision_choice(torch.float32, precision, family, 10**6, 10**12)[0] == precision
         assert precision_choice(torch.float32, "fp16x3", family, 1)[0] == "fp16x3"
-        assert precision_choice(torch.float32, "fp16x3", family, 10**6)[0] == "fp16x3-copy"
+        assert precision_choice(torch.float32, "fp16x3", family, 10**6, 10**6)[0] == "fp16x3-copy"
         if family != "sm90":
             assert precision_choice(torch.float32, "auto", family, 10**6)[0] == "ieee"
 
@@ -135,7 +139,9 @@ def test_explain_says_which_product_runs(monkeypatch):
     assert "products: ieee — IEEE fp32 FMAs" in str(maxsim.explain(Q, D, gpu="unmeasured"))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="sm90", precision="tf32x3"))
     assert "products: fp16x3-copy — split precision through the 16-bit kernels" in str(
-        maxsim.explain(torch.randn(4, 32, 128), D, gpu="sm90"))  # 128 query rows share each token
+        maxsim.explain(torch.randn(16, 32, 128), torch.empty(1000, 180, 128), gpu="sm90"))  # 512 rows a token
+    assert "products: fp16x3 — split precision on chip" in str(
+        maxsim.explain(torch.randn(4, 32, 128), D, gpu="sm90"))  # 128 rows a token, but a small call
     assert "16-bit inputs: every product is exact" in str(maxsim.explain(Q.half(), D.half(), gpu="sm90"))
     monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("unmeasured",))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="unmeasured"))

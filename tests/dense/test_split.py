@@ -41,6 +41,7 @@ def _triton(monkeypatch):
 def way(request, monkeypatch):
     """Which of the two fp16x3 paths every call of the test takes (the row threshold moved)."""
     monkeypatch.setattr(T, "SPLIT16_MIN_ROWS", 10**9 if request.param == "on-chip" else 0)
+    monkeypatch.setattr(T, "SPLIT16_MIN_PRODUCTS", 0)
     return request.param
 
 
@@ -82,9 +83,10 @@ def test_fp16x3_scores_are_fp32_accurate_and_pick_the_ieee_argmax(layout, way):
     assert _rel(got, exact.to(got.device)) <= 1e-6
 
 
-@pytest.mark.parametrize("magnitude", [1e-6, 1e-3, 1e3, 1e6])
+@pytest.mark.parametrize("magnitude", [1e-35, 1e-6, 1e-3, 1e3, 1e6, 1e30])
 def test_any_magnitude_keeps_the_accuracy(magnitude, way):
     # fp16 alone would overflow (> 65504) or flush to zero here: the per-tensor power of two fixes it
+    # (at 1e-35 the exact 2^k would pass fp32's range: the scale stops at 2^126)
     Q, D = _unit(2, 5, 32) * magnitude, _unit(4, 6, 32, seed=2) * 7.0
     got = maxsim.maxsim(Q, D, precision="fp16x3")
     assert torch.isfinite(got).all()
@@ -114,6 +116,7 @@ def test_a_nan_stays_in_its_own_document(way):
 
 def test_documents_in_groups_give_the_same_bits(monkeypatch):
     monkeypatch.setattr(T, "SPLIT16_MIN_ROWS", 0)  # the copy path
+    monkeypatch.setattr(T, "SPLIT16_MIN_PRODUCTS", 0)
     Q, D = _unit(3, 5, 32), _unit(7, 6, 32, seed=6)
     whole, whole_arg = maxsim.maxsim(Q, D, precision="fp16x3", return_argmax=True)
     launches = []

@@ -172,7 +172,9 @@ def maxsim(
         q_mask: ``Q.shape[:-1]``, True = real query token (bool, or 0/1 numbers). Masked tokens
             add nothing to the score.
         d_mask: ``D.shape[:-1]``, True = real document token. Masked tokens never win the max;
-            a document with no real token contributes 0.
+            a document with no real token contributes 0. A number mask (an attention mask)
+            holding a value other than 0 and 1 makes that sequence's scores NaN: it is checked
+            on the device, with no host synchronisation.
         normalize: L2-normalise every token of Q and D inside the kernel (cosine similarity).
         mask_mode: ``"exclude"`` (default, the rule above) or ``"multiply"``, PyLate's rule: masked
             similarities become 0 and still take part in the max.
@@ -212,12 +214,16 @@ def maxsim(
     dtypes, devices, alignment, arguments) repeats an earlier inference call's replays that call's
     launch plan: no validation or configuration work on the host, only the launch.
     """
-    if q_lengths is not None or d_lengths is not None:
+    if q_lengths is not None or d_lengths is not None or _checks.number_mask(q_mask) or _checks.number_mask(d_mask):
         q_invalid = d_invalid = None
         if q_lengths is not None:
             q_mask, q_invalid = _checks.mask_from_lengths("q_lengths", q_lengths, Q, q_mask, "q_mask")
+        elif _checks.number_mask(q_mask):
+            q_mask, q_invalid = _checks.bool_mask_and_invalid(q_mask)
         if d_lengths is not None:
             d_mask, d_invalid = _checks.mask_from_lengths("d_lengths", d_lengths, D, d_mask, "d_mask")
+        elif _checks.number_mask(d_mask):
+            d_mask, d_invalid = _checks.bool_mask_and_invalid(d_mask)
         out = maxsim(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax,
                      backward=backward, precision=precision)
         scores = out[0] if return_argmax else out
@@ -241,7 +247,7 @@ def maxsim(
         return run(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax)
     multiply = mask_mode == "multiply"
     dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1],
-                                     select.query_rows_per_token(p.Q, p.D))[0]
+                                     select.query_rows_per_token(p.Q, p.D), p.D.numel())[0]
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:

@@ -97,13 +97,13 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
     backend_words = "Triton kernels" + (f", as {family} would run them" if gpu else "")
     if packed:
         dot, why = precision_choice(q.dtype, precision, family, varlen.query_rows_per_token(q, max_q, pairs),
-                                    d.numel())
+                                    d.numel(), packed=True)
         fwd = varlen.forward_choice(q, cu_q.numel() - 1, max_q, pairs, argmax=False, family=family)
         n_pairs = pair_q.numel() if pairs else (cu_q.numel() - 1) * (cu_d.numel() - 1)
         bwd = varlen.strategy_choice(backward, q, d, max_q, n_pairs)
     else:
         masked = p.q_mask is not None or p.d_mask is not None
-        dot, why = precision_choice(p.Q.dtype, precision, family, dense.query_rows_per_token(p.Q, p.D))
+        dot, why = precision_choice(p.Q.dtype, precision, family, dense.query_rows_per_token(p.Q, p.D), p.D.numel())
         fq, fd = p.Q, p.D
         if dot == "fp16x3-copy":  # what runs: the 16-bit kernel on the fp16 split, width 3d
             fq, fd = (torch.empty((*t.shape[:-1], 3 * t.shape[-1]), dtype=torch.float16, device="meta") for t in (fq, fd))

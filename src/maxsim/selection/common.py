@@ -69,15 +69,15 @@ _PRECISION_WORDS = {
 
 
 def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int = 0,
-                     packed_values: int = 0) -> tuple[str, str]:
+                     doc_values: int = 0, packed: bool = False) -> tuple[str, str]:
     """(the fp32 product a call runs, why) for inputs of ``dtype``, a call's ``precision=``, the
     device family and ``rows``, the query rows that share each document token (Nq Lq for a cross
     product, Lq for candidate lists). The product: "ieee", "tf32x3", "tf32" (Triton's
     ``input_precision`` in the fp32 kernels), "fp16x3" (the split on chip, in the same kernels) or
     "fp16x3-copy" (the split copied once, through the 16-bit kernels: where many rows share each
-    document token, so the product and not the read sets the time). ``packed_values``: the values
-    of packed documents (their copy is made whole, so it is bounded). 16-bit inputs' products are
-    exact in fp32 whatever it says."""
+    document token, so the product and not the read sets the time). ``doc_values``: the documents'
+    values (tokens x d; ``packed``: packed documents, whose copy is made whole, so it is bounded).
+    16-bit inputs' products are exact in fp32 whatever it says."""
     check_choice("precision", precision, PRECISIONS)
     if dtype != torch.float32:
         return "tf32", "16-bit inputs: every product is exact in fp32 (precision= applies to fp32 inputs)"
@@ -88,10 +88,14 @@ def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int 
                         f"{family} (precision='fp16x3' or 'tf32x3' asks for one)")
     if precision not in ("auto", "fp16x3"):
         return precision, _PRECISION_WORDS[precision]
-    copy_bytes = packed_values * 6
+    copy_bytes = doc_values * 6 if packed else 0
     if rows < T.SPLIT16_MIN_ROWS:
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: {rows} query rows share each document token "
                           f"(< {T.SPLIT16_MIN_ROWS}), where reading the fp32 documents sets the time")
+    if rows * doc_values < T.SPLIT16_MIN_PRODUCTS:
+        return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a small call ({rows * doc_values / 1e9:.2g}G products "
+                          f"< {T.SPLIT16_MIN_PRODUCTS / 1e9:.2g}G), where the copy's extra launches cost more "
+                          f"host time than its product saves")
     if copy_bytes > T.SPLIT16_MAX_PACKED_BYTES:
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a copy of the packed documents would take "
                           f"{copy_bytes / 2**30:.1f} GiB, past the {T.SPLIT16_MAX_PACKED_BYTES / 2**30:.0f} GiB limit")

@@ -47,6 +47,9 @@ SPLIT_FP32_FAMILIES: tuple[str, ...] = ()
 # value). The documents are split in groups of at most SPLIT16_CHUNK_BYTES of copy.
 SPLIT16_FAMILIES: tuple[str, ...] = ("sm90",)
 SPLIT16_MIN_ROWS = 64
+# ... and at least this many products (query rows x document values): below it the copy's four
+# extra launches cost more host time than its faster product saves (a training step's scorer).
+SPLIT16_MIN_PRODUCTS = 1 << 33
 SPLIT16_CHUNK_BYTES = 1 << 30
 SPLIT16_MAX_PACKED_BYTES = 4 << 30  # packed documents are split whole: auto makes no larger copy
 

@@ -131,7 +131,7 @@ def _run(q, d, cu_q, cu_d, max_q, max_d, pair_q, pair_d, backward, precision):
     Function when a gradient is needed, straight to the launcher otherwise."""
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
     rows = select.query_rows_per_token(q, max_q, pair_q is not None)
-    dot_precision = precision_choice(q.dtype, precision, device_of(q)[1], rows, d.numel())[0]
+    dot_precision = precision_choice(q.dtype, precision, device_of(q)[1], rows, d.numel(), packed=True)[0]
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
     compiling = through_dispatcher()
     if compiling or needs_grad:
