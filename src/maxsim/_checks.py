@@ -83,6 +83,21 @@ def as_bool_mask(name: str, mask, expected_shape: tuple[int, ...], device: torch
     return mask != 0
 
 
+def number_mask(mask) -> bool:
+    """Whether ``mask`` is a tensor of numbers (a tokenizer's int64 attention mask, a float mask):
+    :func:`bool_mask_and_invalid` brings it to bool on the device."""
+    return isinstance(mask, torch.Tensor) and mask.dim() >= 1 and mask.dtype != torch.bool \
+        and not mask.dtype.is_complex
+
+
+def bool_mask_and_invalid(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A number mask ``[..., L]`` -> (bool ``[..., L]``, invalid ``[...]``: the sequences holding a
+    value other than 0 and 1), with no host synchronisation: a training step's scorer call must not
+    wait for the GPU, so a bad value makes that sequence's scores NaN instead of raising."""
+    real = mask != 0
+    return real, (real & (mask != 1)).any(-1)
+
+
 def mask_from_lengths(name: str, lengths, x, mask, mask_name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Lengths ``x.shape[:-2]`` (the real tokens of each sequence of ``x [..., L, d]``) ->
     ``(mask x.shape[:-1] bool, invalid x.shape[:-2] bool)``, with no host synchronisation: a length
