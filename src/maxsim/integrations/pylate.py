@@ -89,9 +89,9 @@ def _pylate_function(name: str):
     return getattr(pylate_colbert, name)
 
 
-def _result_dtype(embeddings: torch.Tensor, *masks: torch.Tensor | None) -> torch.dtype:
+def _result_dtype(dtype: torch.dtype, *masks: torch.Tensor | None) -> torch.dtype:
     # PyLate multiplies the einsum's scores by the masks: a floating mask promotes the result.
-    dtype = embeddings.dtype if embeddings.is_floating_point() else torch.float32
+    dtype = dtype if dtype.is_floating_point else torch.float32
     for mask in masks:
         if mask is not None and mask.is_floating_point():
             dtype = torch.promote_types(dtype, mask.dtype)
@@ -112,8 +112,7 @@ def _score(queries, documents, queries_mask, documents_mask, doc_layout: str) ->
     _check_ndim(q, 3, "queries_embeddings", "[Nq, Lq, d]")
     _check_ndim(d, 4 if doc_layout == "candidates" else 3, "documents_embeddings",
                 "[Nq, K, Ld, d]" if doc_layout == "candidates" else "[Nd, Ld, d]")
-    out_dtype = scores_dtype(_result_dtype(torch.empty(0, dtype=torch.promote_types(q.dtype, d.dtype)), q_mask,
-                                           d_mask), q.device)
+    out_dtype = scores_dtype(_result_dtype(torch.promote_types(q.dtype, d.dtype), q_mask, d_mask), q.device)
     dtype = compute_dtype(q, d)
     scores = maxsim.maxsim(as_compute(q, dtype), as_compute(d, dtype), q_mask, d_mask, mask_mode="multiply")
     return scores if scores.dtype == out_dtype else scores.to(out_dtype)
