@@ -174,6 +174,7 @@ def _pylate_rerank(batch: int):
 PYLATE_BACKENDS = (("torch", "  pylate torch"), ("lik", "  pylate lik"), ("flash", "  pylate flash"),
                    ("maxsim", "  maxsim (patch)"),
                    ("none", "  no scorer (the step's floor)"))  # (backend, row name), torch first: the reference
+PYLATE_BACKEND_MODULES = {"lik": "late_interaction_kernels", "flash": "flash_maxsim"}
 
 
 def _null_score(queries, documents, queries_mask, documents_mask, doc_layout: str) -> torch.Tensor:
@@ -183,7 +184,6 @@ def _null_score(queries, documents, queries_mask, documents_mask, doc_layout: st
     q_first = queries[:, 0, 0].float()  # [Nq]
     d_first = documents[..., 0, 0].float()  # [Nd] or [Nq, K]
     return q_first[:, None] + (d_first[None, :] if doc_layout == "shared" else d_first)
-PYLATE_BACKEND_MODULES = {"lik": "late_interaction_kernels", "flash": "flash_maxsim"}
 
 
 def _pylate_result_path(tmp: str, case: str, batch: int, backend: str) -> str:
