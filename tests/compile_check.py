@@ -88,7 +88,7 @@ def ptxas_report(ptx: str) -> str:
 def dense_forward_variants():
     base = dict(BM=256, BN=64, BK=128, NUM_K=1, SEG=32, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
                 NORMALIZE=False, SAVE_ARGMAX=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False,
-                ROW_MAX=True, USE_TMA=False)
+                ROW_MAX=True, USE_TMA=False, FLOWING=False)
     ptrs = dict(q_ptr="fp16", d_ptr="fp16", d_desc="fp16", qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32",
                 argmax_ptr="i32")
 
@@ -103,6 +103,8 @@ def dense_forward_variants():
     yield "fwd d=768 one query (BK=128)", dict(base, BM=32, BN=128, BK=128, NUM_K=6, SEG=32), ptrs, 4, 3
     yield "fwd masks+multiply+normalize", dict(base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), ptrs, 8, 3
     yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
+    yield "fwd flowing argmax (PyLate's training: multiply)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True,
+                                                                 MULTIPLY=True, FLOWING=True), ptrs, 8, 3
     yield "fwd argmax in-batch 128-token queries", dict(base, BN=64, SEG=128, SAVE_ARGMAX=True), \
         dict(ptrs, q_ptr="bf16", d_ptr="bf16"), 8, 3
     yield "fwd argmax d=768 normalize", dict(base, BM=128, BN=64, BK=64, NUM_K=12, SEG=32, SAVE_ARGMAX=True,

@@ -156,7 +156,7 @@ def test_opcheck_forward_and_backward_ops():
     q_mask = torch.rand(2, 5, device=KERNEL_DEVICE) > 0.3
     for strategy in ["unified", "lowmem"]:
         torch.library.opcheck(ops.dense_forward, (Q, D, q_mask, None, False, False, True, strategy, "ieee"))
-    _, argmax = ops.dense_forward(Q.detach(), D.detach(), None, None, False, False, True, "unified", "ieee")
+    _, argmax = ops.dense_forward(Q.detach(), D.detach(), None, None, False, False, 1, "unified", "ieee")
     grad = torch.randn(2, 3, device=KERNEL_DEVICE)
     torch.library.opcheck(ops.dense_backward, (grad, Q.detach(), D.detach(), argmax, False, "lowmem"))
 
@@ -206,7 +206,7 @@ def test_eager_training_skips_the_dispatcher():
     assert eager.seen == []
     Q2, D2 = Q.detach().clone().requires_grad_(), D.detach().clone().requires_grad_()
     with MaxsimOps() as through_ops:
-        ops.dense_forward(Q2, D2[None], None, None, False, False, True, "unified", "ieee")[0].sum().backward()
+        ops.dense_forward(Q2, D2[None], None, None, False, False, 1, "unified", "ieee")[0].sum().backward()
     assert through_ops.seen == ["dense_forward.default", "dense_backward.default"]
     torch.testing.assert_close(Q.grad, Q2.grad)
     torch.testing.assert_close(D.grad, D2.grad)

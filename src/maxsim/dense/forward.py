@@ -54,6 +54,7 @@ def _maxsim_fwd_kernel(
     DOT_UPCAST: tl.constexpr,  # Triton's interpreter computes bf16 dots wrongly: upcast there
     ROW_MAX: tl.constexpr,
     USE_TMA: tl.constexpr,
+    FLOWING: tl.constexpr,  # SAVE_ARGMAX for the backward: a masked winner (MULTIPLY) is -1, no gradient
 ):
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
@@ -198,6 +199,11 @@ def _maxsim_fwd_kernel(
                     m_arg = m_arg & b_qm
                 if HAS_DMASK and not MULTIPLY:
                     m_arg = m_arg & (tl.max(b_seen, axis=0) > 0)
+                if FLOWING and HAS_DMASK and MULTIPLY:
+                    # PyLate's rule: a masked winner (its similarity forced to 0) passes no gradient
+                    m_win = m_arg & (b_idx >= 0) & (b_idx < Ld)
+                    b_win = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + b_idx, mask=m_win, other=0)
+                    m_arg = m_win & (b_win != 0)
                 b_idx = tl.where(m_arg, b_idx, -1)
                 p_arg = argmax_ptr + (o_q.to(tl.int64) * Nd + j) * Lq + o_s
                 tl.store(p_arg, b_idx, mask=m_row)
@@ -223,7 +229,7 @@ def maxsim_forward(
     warp_specialized: bool = False,
     normalize: bool = False,
     multiply: bool = False,
-    save_argmax: bool = False,
+    save_argmax: int = 0,
     precision: str = "ieee",
     plan_key=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -236,7 +242,9 @@ def maxsim_forward(
         config: the tile.  warp_specialized: run forward_ws.py's Gluon kernel instead of this
             module's (the selection checked that it can run the call).
         multiply: PyLate's mask rule instead of exclusion.
-        save_argmax: also return the winning document token per query token.
+        save_argmax: also return the winning document token per query token: 1 (or True) the
+            winner, 2 the winner the backward routes through (with ``multiply`` and ``d_mask``, a
+            masked winner, whose similarity was forced to 0, is -1: no gradient).
         precision: fp32 inputs' products: ``"ieee"``, ``"tf32x3"`` or ``"tf32"`` (Triton's
             ``input_precision``; the selection resolved it). 16-bit inputs ignore it.
         plan_key: the caller's key of this call's signature (see :func:`plan_for`): a launch that
@@ -270,17 +278,17 @@ def maxsim_forward(
     interpret = interpreting()
     device_index = -1 if interpret else cuda_index(Q)
     return _launch_forward(Q, D, qm, dm, argmax, config, warp_specialized, multiply, normalize, interpret,
-                           device_index, plan_key, precision), argmax
+                           device_index, plan_key, precision, flowing=save_argmax == 2), argmax
 
 
 def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, normalize, interpret, device_index,
-                    plan_key=None, precision="ieee"):
+                    plan_key=None, precision="ieee", flowing=False):
     """One launch of the forward kernel with configuration ``cfg``; returns the scores [Nq, Nd].
     With ``plan_key``, a launch that went through the thin path is kept as that key's plan."""
     Nq, Lq, d = Q.shape
     Nd, Ld = D.shape[1], D.shape[2]
     candidates = D.shape[0] != 1
-    if warp_specialized:
+    if warp_specialized:  # (unmasked calls only, per the selection: no masked winner to flag)
         from maxsim.dense import forward_ws  # (Gluon: imported only where the selection chose it)
 
         scores, _, plan = forward_ws.maxsim_forward_ws(
@@ -305,7 +313,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, norma
     )
     args = (*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *ints)
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
-                             Q.dtype, interpret, use_tma, precision)
+                             Q.dtype, interpret, use_tma, precision, flowing and argmax is not None)
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
@@ -361,7 +369,7 @@ class _ForwardPlan:
 @functools.lru_cache(maxsize=1024)
 def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask: bool, multiply: bool,
                 normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool,
-                precision: str = "ieee") -> dict:
+                precision: str = "ieee", flowing: bool = False) -> dict:
     """The kernel's constexprs for one variant (cached: built once, not on every call; read-only)."""
     return dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
@@ -369,7 +377,7 @@ def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask
         NORMALIZE=normalize, SAVE_ARGMAX=save_argmax, EVEN_K=(d % cfg.BK == 0),
         DOT_PRECISION=precision if dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and dtype == torch.bfloat16,
-        ROW_MAX=cfg.row_max, USE_TMA=use_tma,
+        ROW_MAX=cfg.row_max, USE_TMA=use_tma, FLOWING=flowing,
     )
 
 

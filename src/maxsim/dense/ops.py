@@ -44,7 +44,7 @@ def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_ke
     """The selection's kernel and tile, launched (the eager and the op paths share it)."""
     if precision == "fp16x3-copy" and Q.dtype == torch.float32:
         return _run_forward_split(Q, D, q_mask, d_mask, normalize, multiply, save_argmax)
-    plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, precision)
+    plan = select.forward_plan(Q, D, q_mask, d_mask, normalize, multiply, bool(save_argmax), precision)
     return _forward.maxsim_forward(Q, D, q_mask, d_mask, config=plan.config, warp_specialized=plan.warp_specialized,
                                    normalize=normalize, multiply=multiply, save_argmax=save_argmax,
                                    precision=precision, plan_key=plan_key)
@@ -88,12 +88,13 @@ def dense_forward(
     d_mask: Optional[torch.Tensor],
     normalize: bool,
     multiply: bool,
-    save_argmax: bool,
+    save_argmax: int,
     strategy: str,
     precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Q [Nq, Lq, d], D [Nq|1, Nd, Ld, d] -> scores [Nq, Nd] fp32, argmax [Nq, Nd, Lq] int32
-    (an empty [0] tensor unless ``save_argmax``)."""
+    (an empty [0] tensor unless ``save_argmax``: 1 the winners, 2 the winners the backward routes
+    through, see :func:`maxsim.dense.forward.maxsim_forward`)."""
     return _forward_launch(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, strategy, precision)
 
 
@@ -132,8 +133,9 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.has_argmax = save_argmax
     ctx.backward_args = (normalize, strategy)
-    if save_argmax and multiply and d_mask is not None:
-        # PyLate's rule: a masked winner (similarity forced to 0) passes no gradient.
+    if save_argmax == 1 and multiply and d_mask is not None:
+        # PyLate's rule: a masked winner (similarity forced to 0) passes no gradient. (With
+        # save_argmax 2 the kernel applied it; 1: the caller gets the raw winners as well.)
         winner_real = torch.gather(d_mask.expand(Q.shape[0], -1, -1), 2, argmax.clamp_min(0).long())
         argmax = torch.where(winner_real, argmax, -1)
     ctx.save_for_backward(Q, D, argmax)
@@ -253,7 +255,7 @@ def maxsim(
     if compiling or needs_grad:
         op = dense_forward if compiling else _DenseMaxSim.apply
         scores, argmax = op(
-            p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, needs_grad or return_argmax,
+            p.Q, p.D, p.q_mask, p.d_mask, normalize, multiply, 1 if return_argmax else (2 if needs_grad else 0),
             select.strategy(backward, p.D, p.Q.shape[1]), dot_precision,
         )
     else:
