@@ -145,3 +145,17 @@ def test_explain_says_which_product_runs(monkeypatch):
     assert "16-bit inputs: every product is exact" in str(maxsim.explain(Q.half(), D.half(), gpu="sm90"))
     monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("unmeasured",))
     assert "products: tf32x3 — split precision" in str(maxsim.explain(Q, D, gpu="unmeasured"))
+
+
+@pytest.mark.gpu
+def test_gpu_explain_names_the_product_a_call_runs():
+    # explain() of CUDA tensors reads their device's family, as the call itself does
+    from maxsim.selection import dense
+    from maxsim.selection.common import device_of, precision_choice
+
+    Q, D = torch.randn(32, 24, 128, device="cuda"), torch.randn(32, 1030, 128, device="cuda")
+    product = precision_choice(torch.float32, "auto", device_of(Q)[1], dense.query_rows_per_token(Q, D), D.numel())[0]
+    words = str(maxsim.explain(Q, D))
+    assert f"products: {product} — " in words and "verified on None" not in words
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert product == "fp16x3"

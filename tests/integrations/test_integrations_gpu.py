@@ -17,6 +17,20 @@ def _unit(*shape, dtype=torch.float32):
     return torch.nn.functional.normalize(torch.randn(*shape, device=CUDA), dim=-1).to(dtype)
 
 
+def _near_ties(Q, D, gap=2e-6):
+    """In-batch Q [Nq, Lq, d] x D [Nd, Ld, d]: (query rows [Nq, Lq], document rows [Nd, Ld]) whose
+    gradient depends on a winner within ``gap`` of the runner-up (float64). Any product that holds
+    fp32's accuracy (~1e-6 relative) may pick either token there, so those rows are left out."""
+    sim = torch.einsum("and,bmd->abnm", Q.double(), D.double())  # [Nq, Nd, Lq, Ld]
+    top = sim.topk(2, dim=-1)
+    tie = (top.values[..., 0] - top.values[..., 1]) < gap  # [Nq, Nd, Lq]
+    d_rows = torch.zeros(D.shape[:2], dtype=torch.bool, device=D.device)
+    a, b, n = tie.nonzero(as_tuple=True)
+    for k in (0, 1):
+        d_rows[b, top.indices[a, b, n, k]] = True
+    return tie.any(1), d_rows
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_pylate_scores_kd_and_training_gradients(dtype):
     pylate_scores = pytest.importorskip("pylate.scores")
@@ -115,8 +129,12 @@ def test_colpali_score_multi_vector_1k_pages_and_loss():
         expected_step = step()
         os.environ["COLPALI_SCORES_BACKEND"] = "auto"
         mc.patch()
-        for got, want in zip(step(), expected_step):
-            assert relative_error(got, want) < 1e-4
+        (loss, q_grad, d_grad), (want_loss, want_q, want_d) = step(), expected_step
+        assert relative_error(loss, want_loss) < 1e-4
+        q_ties, d_ties = _near_ties(Q0, D0)
+        assert q_ties.float().mean() < 0.05 and d_ties.float().mean() < 0.05  # the comparison keeps its rows
+        assert relative_error(q_grad[~q_ties], want_q[~q_ties]) < 1e-4
+        assert relative_error(d_grad[~d_ties], want_d[~d_ties]) < 1e-4
     finally:
         mc.unpatch()
         if previous is None:

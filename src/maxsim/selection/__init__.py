@@ -59,7 +59,7 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
     from maxsim import _checks
     from maxsim._dispatch import backend_for, interpreting, pytorch_backend
     from maxsim.selection import dense, varlen
-    from maxsim.selection.common import precision_choice
+    from maxsim.selection.common import device_of, precision_choice
 
     if gpu is not None and gpu not in FAMILIES:
         raise ValueError(f"maxsim: gpu must be one of {', '.join(FAMILIES)} or None; got {gpu!r}")
@@ -85,8 +85,8 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
         device = p.Q.device
     backend = backend_for(device)
     family = gpu
-    if family is None and backend == "triton":
-        family = "interpreter" if interpreting() else None
+    if family is None and backend == "triton":  # the device the tensors are on, as a call would see it
+        family = "interpreter" if interpreting() else device_of(q if packed else p.Q)[1]
     if family is None and backend != "triton":
         # the PyTorch side: maxsim.cpu's blocked GEMMs, or the plain reference with MAXSIM_BACKEND=reference
         backend = pytorch_backend()
