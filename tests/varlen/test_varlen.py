@@ -120,6 +120,23 @@ def test_other_bad_inputs():
         maxsim.pack([torch.randn(3, 16), torch.randn(3, 8)])
 
 
+@pytest.mark.parametrize("bad,words", [
+    (torch.randn(3, 8), "item 2 has d=8"),
+    (torch.randn(3, 16, dtype=torch.float64), "item 2 has d=16, torch.float64"),
+    (torch.randn(16), "item 2 is shape \\[16\\]"),
+    (torch.empty(0), "item 2 is shape \\[0\\]"),
+    ([[0.0] * 16], "item 2 is list"),
+    (None, "item 2 is NoneType"),
+])
+def test_a_bad_list_item_is_named(bad, words):
+    # the list check's single pass and its item-by-item report agree, for packing and for scoring
+    items = [torch.randn(4, 16), torch.randn(2, 16), bad, torch.randn(5, 16)]
+    with pytest.raises(ValueError, match=words):
+        maxsim.pack(items)
+    with pytest.raises(ValueError, match=words):
+        maxsim.maxsim_varlen([torch.randn(3, 16)], items)
+
+
 def int_ragged(lengths, dim=16):
     return [torch.randint(-3, 4, (n, dim), device=KERNEL_DEVICE).float() for n in lengths]
 

@@ -16,7 +16,7 @@ from maxsim.selection.common import PRECISIONS, device_of, precision_choice
 from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
-from maxsim.varlen.packing import pack
+from maxsim.varlen.packing import check_sequences, pack
 from maxsim.varlen.specs import STREAM_FORWARD
 from maxsim.varlen.stream import stream_forward
 
@@ -217,10 +217,12 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
         proportional to the real tokens. Differentiable in q and d (through a list's tensors too).
     """
     _checks.check_choice("precision", precision, PRECISIONS)
-    if isinstance(d, (list, tuple)) and cu_seqlens_d is None:
+    if isinstance(d, (list, tuple)) and cu_seqlens_d is None and len(d):
+        d = check_sequences(d)
         scores = _cpu_document_list(q, d, cu_seqlens_q, max_seqlen_q, validate)
         if scores is not None:
             return scores
+        d, cu_seqlens_d, max_seqlen_d = pack(d, checked=True)  # (checked once)
     q, d, cu_q, cu_d, max_q, max_d, _ = _prepare(q, d, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
                                                  validate)
     if backend_for(q.device) == "reference":
@@ -229,17 +231,15 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
 
 
 def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
-    """Documents given as a list, scored by the CPU backend without a gradient: one GEMM a list item
-    where they are long enough (:func:`maxsim.cpu.varlen.cross_per_document`), so the list is never
-    packed (a copy of every token). None where the packed path scores instead."""
+    """Documents given as a checked list (:func:`~maxsim.varlen.packing.check_sequences`), scored by
+    the CPU backend without a gradient: one GEMM a list item where they are long enough
+    (:func:`maxsim.cpu.varlen.cross_per_document`), so the list is never packed (a copy of every
+    token). None where the packed path scores instead."""
     from maxsim.cpu.varlen import cross_per_document, long_documents
-    from maxsim.varlen.packing import check_sequences
 
-    first = documents[0] if len(documents) else None
-    if not isinstance(first, torch.Tensor) or first.device.type != "cpu" or backend_for(first.device) != "reference" \
-            or pytorch_backend() != "cpu":
-        return None  # (the packed path checks the list)
-    documents = check_sequences(documents)
+    first = documents[0]
+    if first.device.type != "cpu" or backend_for(first.device) != "reference" or pytorch_backend() != "cpu":
+        return None
     if not long_documents(sum(x.shape[0] for x in documents), len(documents)):
         return None
     queries_need_grad = any(x.requires_grad for x in q) if isinstance(q, (list, tuple)) else getattr(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 
-def pack(seqs) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Ragged list of ``[L_i, d]`` tensors -> ``(packed [sum L_i, d], cu_seqlens int64 [N + 1], max L_i)``."""
-    seqs = check_sequences(seqs)
+def pack(seqs, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Ragged list of ``[L_i, d]`` tensors -> ``(packed [sum L_i, d], cu_seqlens int64 [N + 1], max L_i)``.
+    ``checked``: ``seqs`` is already :func:`check_sequences`'s list."""
+    seqs = seqs if checked else check_sequences(seqs)
     lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
     cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=cu[1:])
@@ -25,6 +26,16 @@ def check_sequences(seqs) -> list[torch.Tensor]:
     seqs = list(seqs)
     if not seqs:
         raise ValueError("maxsim: cannot pack an empty list of sequences (no dtype, d or device to take)")
+    first = seqs[0]
+    if isinstance(first, torch.Tensor) and first.dim() == 2:
+        # one pass of cheap attributes (a torch.device a tensor costs more than the check it serves)
+        d, dtype, index, cuda = first.shape[1], first.dtype, first.get_device(), first.is_cuda
+        try:
+            if all(s.dim() == 2 and s.shape[1] == d and s.dtype is dtype and s.get_device() == index
+                   and s.is_cuda == cuda for s in seqs):
+                return seqs
+        except (AttributeError, TypeError):
+            pass  # an item that is not a tensor: named below
     for k, s in enumerate(seqs):
         if not isinstance(s, torch.Tensor) or s.dim() != 2:
             got = f"shape {list(s.shape)}" if isinstance(s, torch.Tensor) else type(s).__name__
