@@ -88,7 +88,7 @@ def ptxas_report(ptx: str) -> str:
 def dense_forward_variants():
     base = dict(BM=256, BN=64, BK=128, NUM_K=1, SEG=32, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
                 NORMALIZE=False, SAVE_ARGMAX=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False,
-                ROW_MAX=True, USE_TMA=False, FLOWING=False)
+                ROW_MAX=True, USE_TMA=False, FLOWING=False, QMASK_VALUES=False, DMASK_VALUES=False)
     ptrs = dict(q_ptr="fp16", d_ptr="fp16", d_desc="fp16", qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32",
                 argmax_ptr="i32")
 
@@ -105,6 +105,11 @@ def dense_forward_variants():
     yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
     yield "fwd flowing argmax (PyLate's training: multiply)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True,
                                                                  MULTIPLY=True, FLOWING=True), ptrs, 8, 3
+    yield "fwd number masks (int64 attention masks: PyLate's training)", dict(
+        base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, SAVE_ARGMAX=True, FLOWING=True, QMASK_VALUES=True,
+        DMASK_VALUES=True), dict(ptrs, qmask_ptr="i64", dmask_ptr="i64"), 8, 3
+    yield "fwd number masks (float, exclude)", dict(base, HAS_QMASK=True, HAS_DMASK=True, QMASK_VALUES=True,
+                                                     DMASK_VALUES=True), dict(ptrs, qmask_ptr="fp32", dmask_ptr="fp32"), 8, 3
     yield "fwd argmax in-batch 128-token queries", dict(base, BN=64, SEG=128, SAVE_ARGMAX=True), \
         dict(ptrs, q_ptr="bf16", d_ptr="bf16"), 8, 3
     yield "fwd argmax d=768 normalize", dict(base, BM=128, BN=64, BK=64, NUM_K=12, SEG=32, SAVE_ARGMAX=True,

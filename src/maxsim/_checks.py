@@ -58,11 +58,13 @@ def check_dtype(name: str, t: torch.Tensor) -> None:
         )
 
 
-def as_bool_mask(name: str, mask, expected_shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def as_bool_mask(name: str, mask, expected_shape: tuple[int, ...], device: torch.device,
+                 keep_numbers: bool = False) -> torch.Tensor:
     """Validate a mask and return it as a bool tensor of ``expected_shape``.
 
     Bool masks pass as they are; integer or float masks are accepted when every value is 0 or 1
-    (tokenizers' attention masks are int64), anything else is an error.
+    (tokenizers' attention masks are int64), anything else is an error. ``keep_numbers``: a number
+    mask is returned as it is, its values unread (the kernel that takes it checks them).
     """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"maxsim: {name} must be a torch.Tensor or None; got {type(mask).__name__}")
@@ -75,6 +77,8 @@ def as_bool_mask(name: str, mask, expected_shape: tuple[int, ...], device: torch
         return mask
     if mask.dtype.is_complex:
         raise TypeError(f"maxsim: {name} must be bool (or 0/1 numbers); got {mask.dtype}")
+    if keep_numbers:
+        return mask
     if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
         bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
         raise ValueError(
@@ -136,8 +140,11 @@ def nan_where_invalid(scores: torch.Tensor, q_invalid, d_invalid, q_dims: int, d
     return scores if bad is None else scores.masked_fill(bad, float("nan"))
 
 
-def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude") -> Prepared:
-    """Validate ``Q``, ``D``, masks and mask_mode; return them in the canonical layout."""
+def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude", number_masks: bool = False
+                 ) -> Prepared:
+    """Validate ``Q``, ``D``, masks and mask_mode; return them in the canonical layout.
+    ``number_masks``: number masks stay numbers, their values unread (for the dense Triton kernel,
+    which reads them itself); otherwise every mask comes back bool."""
     check_dtype("Q", Q)
     check_dtype("D", D)
     if mask_mode not in MASK_MODES:
@@ -185,11 +192,11 @@ def check_inputs(Q, D, q_mask=None, d_mask=None, *, mask_mode: str = "exclude") 
 
     qm = None
     if q_mask is not None:
-        qm = as_bool_mask("q_mask", q_mask, tuple(Q.shape[:-1]), Q.device)
+        qm = as_bool_mask("q_mask", q_mask, tuple(Q.shape[:-1]), Q.device, number_masks)
         qm = qm.unsqueeze(0) if squeeze_q else qm
     dm = None
     if d_mask is not None:
-        dm = as_bool_mask("d_mask", d_mask, tuple(D.shape[:-1]), D.device)
+        dm = as_bool_mask("d_mask", d_mask, tuple(D.shape[:-1]), D.device, number_masks)
         dm = dm[None, None] if squeeze_d else (dm if candidates else dm.unsqueeze(0))
     return Prepared(Q3, D4, qm, dm, candidates, squeeze_q, squeeze_d)
 

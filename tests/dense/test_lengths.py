@@ -90,6 +90,50 @@ def test_bad_lengths_give_nan_in_their_outputs_only(backend):
     assert torch.equal(torch.isnan(cand), torch.tensor([[False, True], [False, False], [True, False]], device=DEV))
 
 
+@pytest.mark.parametrize("layout", ["cross", "candidates", "one document"])
+@pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.float32], ids=["int64", "fp32"])
+def test_number_masks_equal_bool_masks_and_a_bad_value_gives_nan(backend, layout, mask_mode, mask_dtype):
+    # Attention masks as tokenizers return them (int64) or as floats: the kernel reads them as they
+    # are; a value other than 0/1 makes its query's or document's scores NaN, nothing else.
+    Q = torch.randn(3, 7, 16, device=DEV)
+    D = {"cross": torch.randn(5, 11, 16), "candidates": torch.randn(3, 4, 11, 16),
+         "one document": torch.randn(11, 16)}[layout].to(DEV)
+    q_real, d_real = torch.rand(Q.shape[:-1], device=DEV) > 0.3, torch.rand(D.shape[:-1], device=DEV) > 0.3
+    want = maxsim.maxsim(Q, D, q_real, d_real, mask_mode=mask_mode)
+    got = maxsim.maxsim(Q, D, q_real.to(mask_dtype), d_real.to(mask_dtype), mask_mode=mask_mode)
+    assert torch.equal(got, want)
+    q_num, d_num = q_real.to(mask_dtype), d_real.to(mask_dtype)
+    q_num[1, 6] = 2  # query 1
+    d_num.view(-1, 11)[-1, 4] = -1  # the last document (of the last list)
+    got = maxsim.maxsim(Q, D, q_num, d_num, mask_mode=mask_mode)
+    bad = torch.zeros_like(got, dtype=torch.bool)
+    bad[1] = True
+    if layout == "cross":
+        bad[:, -1] = True
+    elif layout == "candidates":
+        bad[-1, -1] = True
+    else:
+        bad[:] = True
+    assert torch.equal(torch.isnan(got), bad)
+    assert torch.equal(got[~bad], want[~bad])
+
+
+def test_number_mask_gradients_equal_bool_masks(backend):
+    # PyLate's training call: int64 attention masks, the multiply rule, gradients through the argmax
+    # (a masked winner passes none). Integer values: the sums are exact in any order.
+    Q0, D0 = torch.randint(-3, 4, (2, 5, 8), device=DEV).float(), torch.randint(-3, 4, (3, 6, 8), device=DEV).float()
+    q_real, d_real = torch.rand(2, 5, device=DEV) > 0.3, torch.rand(3, 6, device=DEV) > 0.4
+    grads = []
+    for q_mask, d_mask in ((q_real, d_real), (q_real.long(), d_real.long())):
+        Q, D = Q0.clone().requires_grad_(True), D0.clone().requires_grad_(True)
+        out = maxsim.maxsim(Q, D, q_mask, d_mask, mask_mode="multiply")
+        (out * torch.arange(1, 7, device=DEV).view(2, 3)).sum().backward()
+        grads.append((out.detach(), Q.grad, D.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_bad_input():
     Q, D = torch.randn(2, 5, 8, device=DEV), torch.randn(3, 6, 8, device=DEV)
     with pytest.raises(ValueError, match="give d_mask or d_lengths, not both"):

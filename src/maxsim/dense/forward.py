@@ -55,6 +55,8 @@ def _maxsim_fwd_kernel(
     ROW_MAX: tl.constexpr,
     USE_TMA: tl.constexpr,
     FLOWING: tl.constexpr,  # SAVE_ARGMAX for the backward: a masked winner (MULTIPLY) is -1, no gradient
+    QMASK_VALUES: tl.constexpr,  # a number q_mask: a value other than 0/1 makes its query's scores NaN
+    DMASK_VALUES: tl.constexpr,  # the same for a number d_mask and its document's scores
 ):
     QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
@@ -63,7 +65,10 @@ def _maxsim_fwd_kernel(
     p_q_rows = q_ptr + o_q.to(tl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql  # [BM, 1]
 
     if HAS_QMASK:
-        b_qm = tl.load(qmask_ptr + o_q.to(tl.int64) * Lq + o_s, mask=m_row, other=0) != 0  # [BM]
+        b_qv = tl.load(qmask_ptr + o_q.to(tl.int64) * Lq + o_s, mask=m_row, other=0)  # [BM]
+        b_qm = b_qv != 0
+        if QMASK_VALUES:
+            b_qbad = (b_qm & (b_qv != 1)).to(tl.int32)  # [BM]
     else:
         b_qm = m_row
     o_k = tl.arange(0, BK)
@@ -106,6 +111,8 @@ def _maxsim_fwd_kernel(
             b_wintile = tl.full([BM, BN], NEG_INF, dtype=tl.float32)  # that tile's similarities
     if HAS_DMASK:
         b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far
+    if DMASK_VALUES:
+        b_dbad = tl.zeros([BN], dtype=tl.int32)  # any value other than 0/1 in this document so far
 
     for it in range(0, n_docs * n_tiles):
         j = doc0 + it // n_tiles
@@ -137,11 +144,16 @@ def _maxsim_fwd_kernel(
                 b_s = b_s * b_qm.to(tl.float32)[:, None]
             if HAS_DMASK:
                 b_dm = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
+                if DMASK_VALUES:
+                    b_dbad = b_dbad | ((b_dm != 0) & (b_dm != 1)).to(tl.int32)
                 b_s = b_s * (b_dm != 0).to(tl.float32)[None, :]
             if (i_t + 1) * BN > Ld:
                 b_s = tl.where(m_t[None, :], b_s, NEG_INF)
         elif HAS_DMASK:
-            b_dm = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0) != 0  # [BN]
+            b_dv = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
+            b_dm = b_dv != 0
+            if DMASK_VALUES:
+                b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
             b_s = tl.where(b_dm[None, :], b_s, NEG_INF)
             b_seen = b_seen | b_dm.to(tl.int32)
         elif (i_t + 1) * BN > Ld:
@@ -180,6 +192,10 @@ def _maxsim_fwd_kernel(
                 m_keep = m_keep & (tl.max(b_seen, axis=0) > 0)  # empty document -> 0
             b_best = tl.where(m_keep, b_best, 0.0)
             b_score = tl.sum(tl.reshape(b_best, [QPB, SEG]), axis=1)  # [QPB]
+            if QMASK_VALUES:
+                b_score = tl.where(tl.max(tl.reshape(b_qbad, [QPB, SEG]), axis=1) > 0, float("nan"), b_score)
+            if DMASK_VALUES:
+                b_score = tl.where(tl.max(b_dbad, axis=0) > 0, float("nan"), b_score)
             o_qb = i_qgroup * QPB + tl.arange(0, QPB)
             p_out = out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j
             tl.store(p_out, b_score, mask=o_qb < Nq)
@@ -217,6 +233,8 @@ def _maxsim_fwd_kernel(
                     b_arg = tl.zeros([BM], dtype=tl.int32)
             if HAS_DMASK:
                 b_seen = tl.zeros([BN], dtype=tl.int32)
+            if DMASK_VALUES:
+                b_dbad = tl.zeros([BN], dtype=tl.int32)
 
 
 def maxsim_forward(
@@ -238,7 +256,9 @@ def maxsim_forward(
 
     Args:
         Q: ``[Nq, Lq, d]``.  D: ``[Nq|1, Nd, Ld, d]`` (leading 1 = documents shared by all queries).
-        q_mask: bool ``[Nq, Lq]`` or None.  d_mask: bool ``[Nq|1, Nd, Ld]`` or None.
+        q_mask: ``[Nq, Lq]`` or None.  d_mask: ``[Nq|1, Nd, Ld]`` or None. Bool, or numbers (an
+            attention mask): nonzero is a real token, and a value other than 0 and 1 makes that
+            query's / document's scores NaN (checked in the kernel: no host synchronisation).
         config: the tile.  warp_specialized: run forward_ws.py's Gluon kernel instead of this
             module's (the selection checked that it can run the call).
         multiply: PyLate's mask rule instead of exclusion.
@@ -313,7 +333,8 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, norma
     )
     args = (*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *ints)
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
-                             Q.dtype, interpret, use_tma, precision, flowing and argmax is not None)
+                             Q.dtype, interpret, use_tma, precision, flowing and argmax is not None,
+                             qm is not None and qm.dtype != torch.bool, dm is not None and dm.dtype != torch.bool)
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
@@ -369,7 +390,8 @@ class _ForwardPlan:
 @functools.lru_cache(maxsize=1024)
 def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask: bool, multiply: bool,
                 normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool,
-                precision: str = "ieee", flowing: bool = False) -> dict:
+                precision: str = "ieee", flowing: bool = False, qmask_values: bool = False,
+                dmask_values: bool = False) -> dict:
     """The kernel's constexprs for one variant (cached: built once, not on every call; read-only)."""
     return dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
@@ -378,6 +400,7 @@ def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask
         DOT_PRECISION=precision if dtype == torch.float32 else "tf32",
         DOT_UPCAST=interpret and dtype == torch.bfloat16,
         ROW_MAX=cfg.row_max, USE_TMA=use_tma, FLOWING=flowing,
+        QMASK_VALUES=qmask_values, DMASK_VALUES=dmask_values,
     )
 
 

@@ -136,7 +136,7 @@ def _setup_context(ctx, inputs, output):
     if save_argmax == 1 and multiply and d_mask is not None:
         # PyLate's rule: a masked winner (similarity forced to 0) passes no gradient. (With
         # save_argmax 2 the kernel applied it; 1: the caller gets the raw winners as well.)
-        winner_real = torch.gather(d_mask.expand(Q.shape[0], -1, -1), 2, argmax.clamp_min(0).long())
+        winner_real = torch.gather(d_mask.expand(Q.shape[0], -1, -1), 2, argmax.clamp_min(0).long()) != 0
         argmax = torch.where(winner_real, argmax, -1)
     ctx.save_for_backward(Q, D, argmax)
 
@@ -216,15 +216,20 @@ def maxsim(
     dtypes, devices, alignment, arguments) repeats an earlier inference call's replays that call's
     launch plan: no validation or configuration work on the host, only the launch.
     """
-    if q_lengths is not None or d_lengths is not None or _checks.number_mask(q_mask) or _checks.number_mask(d_mask):
+    # The Triton kernel reads a number mask (an attention mask) as it is and checks its values; the
+    # other backends take bool masks, the values checked here on the device.
+    kernel_numbers = isinstance(Q, torch.Tensor) and backend_for(Q.device) == "triton"
+    convert_q = not kernel_numbers and _checks.number_mask(q_mask)
+    convert_d = not kernel_numbers and _checks.number_mask(d_mask)
+    if q_lengths is not None or d_lengths is not None or convert_q or convert_d:
         q_invalid = d_invalid = None
         if q_lengths is not None:
             q_mask, q_invalid = _checks.mask_from_lengths("q_lengths", q_lengths, Q, q_mask, "q_mask")
-        elif _checks.number_mask(q_mask):
+        elif convert_q:
             q_mask, q_invalid = _checks.bool_mask_and_invalid(q_mask)
         if d_lengths is not None:
             d_mask, d_invalid = _checks.mask_from_lengths("d_lengths", d_lengths, D, d_mask, "d_mask")
-        elif _checks.number_mask(d_mask):
+        elif convert_d:
             d_mask, d_invalid = _checks.bool_mask_and_invalid(d_mask)
         out = maxsim(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax,
                      backward=backward, precision=precision)
@@ -239,7 +244,7 @@ def maxsim(
         if return_argmax:
             return _checks.unbatch(scores, squeeze_q, squeeze_d), _checks.unbatch(argmax, squeeze_q, squeeze_d)
         return _checks.unbatch(scores, squeeze_q, squeeze_d)
-    p = _checks.check_inputs(Q, D, q_mask, d_mask, mask_mode=mask_mode)
+    p = _checks.check_inputs(Q, D, q_mask, d_mask, mask_mode=mask_mode, number_masks=kernel_numbers)
     _checks.check_bool("normalize", normalize)
     _checks.check_bool("return_argmax", return_argmax)
     _checks.check_choice("backward", backward, BACKWARD_STRATEGIES)
@@ -269,7 +274,7 @@ def maxsim(
 def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argmax, backward, precision):
     """The signature under which an inference call's launch plan is kept (see
     :func:`maxsim.dense.forward.plan_for`), or None where the call must take the full path:
-    anything but plain CUDA tensors and bool masks, gradients, torch.compile, the reference
+    anything but plain CUDA tensors and real masks, gradients, torch.compile, the reference
     backend, the interpreter, autotuning."""
     if type(Q) is not torch.Tensor or type(D) is not torch.Tensor or Q.device.type != "cuda":
         return None
@@ -285,8 +290,8 @@ def _inference_plan_key(Q, D, q_mask, d_mask, normalize, mask_mode, return_argma
     for m in (q_mask, d_mask):
         if m is None:
             masks.append(None)
-        elif type(m) is torch.Tensor and m.dtype == torch.bool:
-            masks.append((m.shape, m.stride(), m.device, m.data_ptr() % 16))
+        elif type(m) is torch.Tensor and not m.dtype.is_complex:  # bool, or numbers the kernel checks
+            masks.append((m.shape, m.stride(), m.dtype, m.device, m.data_ptr() % 16))
         else:
             return None
     return (Q.shape, Q.stride(), Q.dtype, Q.device, Q.data_ptr() % 16, D.shape, D.stride(), D.dtype, D.device,
