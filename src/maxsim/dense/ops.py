@@ -217,10 +217,12 @@ def maxsim(
     launch plan: no validation or configuration work on the host, only the launch.
     """
     # The Triton kernel reads a number mask (an attention mask) as it is and checks its values; the
-    # other backends take bool masks, the values checked here on the device.
-    kernel_numbers = isinstance(Q, torch.Tensor) and backend_for(Q.device) == "triton"
-    convert_q = not kernel_numbers and _checks.number_mask(q_mask)
-    convert_d = not kernel_numbers and _checks.number_mask(d_mask)
+    # other backends take bool masks, the values checked here on the device. (The backend is looked
+    # up only where a mask is numbers: a repeated call's replay stays as short as it was.)
+    q_numbers, d_numbers = _checks.number_mask(q_mask), _checks.number_mask(d_mask)
+    kernel_numbers = (q_numbers or d_numbers) and isinstance(Q, torch.Tensor) and backend_for(Q.device) == "triton"
+    convert_q = q_numbers and not kernel_numbers
+    convert_d = d_numbers and not kernel_numbers
     if q_lengths is not None or d_lengths is not None or convert_q or convert_d:
         q_invalid = d_invalid = None
         if q_lengths is not None:
