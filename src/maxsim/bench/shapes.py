@@ -216,6 +216,14 @@ MODEL_TRAIN_SHAPES = _model_shapes(train=True)
 FP32_SHAPES = [Shape("fp32_16x10k_32x180", 16, 10_000, 32, 180, dtype="fp32")] + \
     [s for s in MODEL_SHAPES if s.dtype == "fp32"]
 
+# Padded one-query reranks (issue 31's padding bar): documents of a real length distribution padded
+# to the longest, with a prefix mask; the floor counts only the real tokens.
+PADDED_SHAPES = [
+    Shape("padded_rerank_1x1k_32x220", 1, 1_000, 32, 220, ragged="hotpotqa"),
+    Shape("padded_rerank_1x10k_32x300", 1, 10_000, 32, 300, ragged="hotpotqa"),
+    Shape("padded_rerank_1x10k_32x512", 1, 10_000, 32, 512, ragged="ragged"),
+]
+
 SHAPE_SETS = {
     "forward": (GPU_SHAPES, CPU_SHAPES),
     "train": (TRAIN_GPU_SHAPES, TRAIN_CPU_SHAPES),
@@ -223,7 +231,7 @@ SHAPE_SETS = {
 }
 # Shape-set names ``--shapes`` accepts besides single shapes (forward mode).
 NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES, "models": MODEL_SHAPES,
-              "models_train": MODEL_TRAIN_SHAPES, "fp32": FP32_SHAPES,
+              "models_train": MODEL_TRAIN_SHAPES, "fp32": FP32_SHAPES, "padded": PADDED_SHAPES,
               "fp32_train": [s for s in MODEL_TRAIN_SHAPES if s.dtype == "fp32"]}
 
 

@@ -120,19 +120,27 @@ def _maxsim_fwd_kernel(
         o_t = i_t * BN + o_n  # [BN] document tokens
         m_t = o_t < Ld
         p_d_rows = p_d_base + j.to(tl.int64) * stride_dn + o_t[:, None] * stride_dl  # [BN, 1]
+        if HAS_DMASK:
+            b_dv = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
+            b_dm = b_dv != 0
+            # Masked tokens are never read (a masked row loads as 0 without touching memory), except
+            # under PyLate's rule, where a masked token's NaN or inf still reaches the max.
+            m_load = m_t if USE_TMA or MULTIPLY else m_t & b_dm
+        else:
+            m_load = m_t
 
         b_s = tl.zeros([BM, BN], dtype=tl.float32)
         d_sq = tl.zeros([BN], dtype=tl.float32)  # squared norms of the tile's tokens (normalize)
         if NUM_K == 1:
             # One dot against the query block that stays on chip (no inner loop, so the
             # software pipeline runs over the (document, tile) loop itself).
-            b_s, d_sq = dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_t, dim,
+            b_s, d_sq = dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_load, dim,
                                    d_desc, i_dgroup, j * Ld + i_t * BN, 0,
                                    False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         else:
             # Wide embeddings: a K-loop streaming [BM, BK] and [BN, BK] chunks (query from L2).
             for kk in range(NUM_K):
-                b_s, d_sq = dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_t, dim,
+                b_s, d_sq = dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_load, dim,
                                        d_desc, i_dgroup, j * Ld + i_t * BN, kk * BK,
                                        True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
         if NORMALIZE:
@@ -143,15 +151,12 @@ def _maxsim_fwd_kernel(
             if HAS_QMASK:
                 b_s = b_s * b_qm.to(tl.float32)[:, None]
             if HAS_DMASK:
-                b_dm = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
                 if DMASK_VALUES:
-                    b_dbad = b_dbad | ((b_dm != 0) & (b_dm != 1)).to(tl.int32)
-                b_s = b_s * (b_dm != 0).to(tl.float32)[None, :]
+                    b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
+                b_s = b_s * b_dm.to(tl.float32)[None, :]
             if (i_t + 1) * BN > Ld:
                 b_s = tl.where(m_t[None, :], b_s, NEG_INF)
         elif HAS_DMASK:
-            b_dv = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
-            b_dm = b_dv != 0
             if DMASK_VALUES:
                 b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
             b_s = tl.where(b_dm[None, :], b_s, NEG_INF)
