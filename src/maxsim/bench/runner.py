@@ -758,7 +758,8 @@ def list_shapes_and_providers() -> str:
     described = {"sweep": "forward: the Nq x Lq x Ld x d grid", "sweep_cpu": "forward: the grid, scaled down",
                  "models": "forward: real models' configurations, rerank and search, 16-bit and fp32",
                  "models_train": "--mode train: real models' in-batch and distillation steps, 16-bit and fp32",
-                 "padded": "forward: one-query reranks of documents padded to the longest, real length distributions"}
+                 "padded": "forward: one-query reranks of documents padded to the longest, real length distributions",
+                 "widths": "forward: one query, bandwidth-bound, d 64 to 4096"}
     for name, shapes in NAMED_SETS.items():
         lines.append(f"set '{name}': {len(shapes)} shapes ({described.get(name, 'forward')}), e.g. {shapes[0].name}")
     return "\n".join(lines)

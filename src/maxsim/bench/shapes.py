@@ -224,6 +224,10 @@ PADDED_SHAPES = [
     Shape("padded_rerank_1x10k_32x512", 1, 10_000, 32, 512, ragged="ragged"),
 ]
 
+# Every width (issue 31): one query against documents of 300 tokens, bandwidth-bound, fp16.
+WIDTH_SHAPES = [Shape(f"width_1x{nd // 1000}k_32x300_d{d}", 1, nd, 32, 300, d=d)
+                for d, nd in ((64, 10_000), (96, 10_000), (320, 10_000), (2560, 1_000), (4096, 1_000))]
+
 SHAPE_SETS = {
     "forward": (GPU_SHAPES, CPU_SHAPES),
     "train": (TRAIN_GPU_SHAPES, TRAIN_CPU_SHAPES),
@@ -232,6 +236,7 @@ SHAPE_SETS = {
 # Shape-set names ``--shapes`` accepts besides single shapes (forward mode).
 NAMED_SETS = {"sweep": SWEEP_GPU_SHAPES, "sweep_cpu": SWEEP_CPU_SHAPES, "models": MODEL_SHAPES,
               "models_train": MODEL_TRAIN_SHAPES, "fp32": FP32_SHAPES, "padded": PADDED_SHAPES,
+              "widths": WIDTH_SHAPES,
               "fp32_train": [s for s in MODEL_TRAIN_SHAPES if s.dtype == "fp32"]}
 
 
