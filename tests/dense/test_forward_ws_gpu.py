@@ -62,6 +62,27 @@ def test_ws_forward_masks_and_argmax_exact(mask_mode, split, BN, q_in_regs, sub)
     assert torch.equal(arg, ref_arg)
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.float32])
+def test_ws_forward_number_masks_and_a_bad_value_gives_nan(mask_dtype):
+    # An attention mask (numbers) scores as its bool mask; a value other than 0/1 makes exactly its
+    # query's row and its document's column NaN.
+    from maxsim.dense.forward_ws import maxsim_forward_ws
+
+    Q = torch.randint(-2, 3, (19, 32, 128), device="cuda").to(torch.bfloat16)
+    D = torch.randint(-2, 3, (150, 180, 128), device="cuda").to(torch.bfloat16)
+    qm = torch.rand(19, 32, device="cuda") > 0.2
+    dm = torch.rand(150, 180, device="cuda") > 0.3
+    want, _ = maxsim_forward_ws(Q, D, qm, dm)
+    got, _ = maxsim_forward_ws(Q, D, qm.to(mask_dtype), dm.to(mask_dtype))
+    assert torch.equal(got, want)
+    q_num, d_num = qm.to(mask_dtype), dm.to(mask_dtype)
+    q_num[4, 0], d_num[9, 3] = 2, -1
+    got, _ = maxsim_forward_ws(Q, D, q_num, d_num)
+    bad = torch.zeros_like(got, dtype=torch.bool)
+    bad[4, :], bad[:, 9] = True, True
+    assert torch.equal(got.isnan(), bad) and torch.equal(got[~bad], want[~bad])
+
+
 @pytest.mark.parametrize("sub", [1, 2])
 @pytest.mark.parametrize("BN", [64, 128])
 def test_ws_forward_propagates_nan(BN, sub):

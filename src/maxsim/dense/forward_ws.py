@@ -48,7 +48,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from maxsim._dispatch import cuda_index
 from maxsim._launch import launch
-from maxsim import _outputs
+from maxsim import _checks, _outputs
 from maxsim.dense.specs import tma_rows_ready as tma_ready
 from maxsim.tuning import multiprocessors, next_pow2
 
@@ -461,7 +461,8 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
                       argmax_out: torch.Tensor | None = None, keep_plan: bool = False):
     """Scores ``[Nq, Nd]`` fp32 (and with ``save_argmax`` the int32 argmax ``[Nq, Nd, Lq]``, written
     into ``argmax_out`` when given) of ``Q [Nq, Lq, d]`` against ``D [Nd, Ld, d]`` (fp16/bf16, d in
-    {64, 128}, :func:`tma_ready`; a D that is not is copied), masks bool ``[Nq, Lq]`` / ``[Nd, Ld]``:
+    {64, 128}, :func:`tma_ready`; a D that is not is copied), masks ``[Nq, Lq]`` / ``[Nd, Ld]`` (bool, or
+    numbers: a value other than 0/1 makes its sequence's scores NaN):
     the contract of ``maxsim.maxsim`` within this kernel's scope (module docstring). BN: document
     tokens per tile (128).
     STAGES: the ring's depth. split_docs: None splits when there is one row block. q_in_regs: the
@@ -482,8 +483,15 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
     in_place = Q.stride(-1) == 1 and d_ready  # (no copy: a plan may replay this launch)
     Q = Q if Q.stride(-1) == 1 else Q.contiguous()
     D = D if d_ready else D.contiguous()
-    qm = q_mask.to(torch.bool).contiguous() if q_mask is not None else None
-    dm = d_mask.to(torch.bool).contiguous() if d_mask is not None else None
+    # A number mask (an attention mask) becomes bool here; a value other than 0/1 makes its
+    # sequence's scores NaN, as the Triton kernel flags it.
+    q_bad = d_bad = None
+    if q_mask is not None and q_mask.dtype != torch.bool:
+        q_mask, q_bad = _checks.bool_mask_and_invalid(q_mask)  # [Nq, Lq], [Nq]
+    if d_mask is not None and d_mask.dtype != torch.bool:
+        d_mask, d_bad = _checks.bool_mask_and_invalid(d_mask)  # [Nd, Ld], [Nd]
+    qm = q_mask.contiguous() if q_mask is not None else None
+    dm = d_mask.contiguous() if d_mask is not None else None
     # D as TMA rows [Nd * Ld, d], box [BN, d]
     desc_args = ([Nd * Ld, d], [D.stride(1), 1], [BN, d], _tile_layout(BN, d, Q.dtype))
     d_desc = TensorDescriptor(D, *desc_args)
@@ -504,6 +512,10 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
         num_warps=4, maxnreg=WS_MAXNREG,
     )
     scores = out if n_chunks == 1 else out.sum(0)
+    if q_bad is not None:
+        scores = scores.masked_fill(q_bad[:, None], float("nan"))
+    if d_bad is not None:
+        scores = scores.masked_fill(d_bad[None, :], float("nan"))
     if not keep_plan:
         return scores, argmax
     plan = None
