@@ -511,11 +511,7 @@ def maxsim_forward_ws(Q: torch.Tensor, D: torch.Tensor, q_mask: torch.Tensor | N
              Q_IN_REGS=q_in_regs, SUB=sub_tiles or WS_SUB_TILES[save_argmax], num_warps=4),
         num_warps=4, maxnreg=WS_MAXNREG,
     )
-    scores = out if n_chunks == 1 else out.sum(0)
-    if q_bad is not None:
-        scores = scores.masked_fill(q_bad[:, None], float("nan"))
-    if d_bad is not None:
-        scores = scores.masked_fill(d_bad[None, :], float("nan"))
+    scores = _checks.nan_where_invalid(out if n_chunks == 1 else out.sum(0), q_bad, d_bad, 3, 3)
     if not keep_plan:
         return scores, argmax
     plan = None
