@@ -169,6 +169,50 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
             assert torch.equal(arg.long().cpu(), ref_arg)
 
 
+@pytest.mark.parametrize("layout", ["cross", "candidates"])
+@pytest.mark.parametrize("row_max", [False, True], ids=["running-max", "row-max"])
+def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max):
+    # Under the exclusion rule the kernel walks each document only up to its last real token.
+    # Lengths on and around tile edges (BN = 16), empty documents, holes inside a document, NaN in
+    # the padding, a number mask and a bad value: scores and argmax equal the oracle's.
+    from maxsim.tuning.configs import ForwardConfig
+    from maxsim.dense.forward import _constexprs, _skip_pad_lanes, maxsim_forward
+
+    Nq, Nd, Lq, Ld, d = 2, 12, 9, 50, 24
+    Q = small_ints(Nq, Lq, d)
+    D = small_ints(Nq if layout == "candidates" else 1, Nd, Ld, d)
+    lengths = torch.tensor([0, 1, 15, 16, 17, 31, 32, 33, 49, 50, 0, 7], device=KERNEL_DEVICE)
+    d_mask = (torch.arange(Ld, device=KERNEL_DEVICE) < lengths[:, None]).expand(D.shape[:-1]).clone()
+    d_mask[:, 8, 20:40] = False  # a hole: tiles inside it hold no real token, the walk goes on
+    D[~d_mask] = float("nan")  # never read, never a score
+    D[:, 9, 47] = D[:, 9, 2]  # an exact tie across tiles
+    q_mask = torch.rand(Nq, Lq, device=KERNEL_DEVICE) > 0.2
+    cfg = ForwardConfig(BM=16, BN=16, BK=32, num_warps=4, num_stages=1, waves=1, row_max=row_max)
+    assert _constexprs(cfg, d, 16, True, True, False, False, True, Q.dtype, False, False,
+                       skip_pad_lanes=_skip_pad_lanes(Ld, True, False))["SKIP_PAD"]
+    D_view, dm_view = (D, d_mask) if layout == "candidates" else (D[0], d_mask[0])
+    ref, ref_arg = oracle(Q, D_view.nan_to_num(0.0), q_mask, dm_view)
+    out, arg = maxsim_forward(Q, D, q_mask, d_mask, save_argmax=True, config=cfg)
+    assert torch.equal(out.double().cpu(), ref) and torch.equal(arg.long().cpu(), ref_arg)
+    # PyLate's attention mask (int64) gives the same; a 2 makes only its document NaN.
+    numbers = d_mask.long()
+    numbers[:, 5, 3] = 2
+    out, _ = maxsim_forward(Q, D, q_mask, numbers, config=cfg)
+    bad = torch.zeros(Nd, dtype=torch.bool)
+    bad[5] = True
+    assert out[:, bad].isnan().all() and torch.equal(out[:, ~bad].double().cpu(), ref[:, ~bad])
+
+
+def test_padding_walk_only_where_it_holds():
+    # Without a document mask there is no padding; under PyLate's rule a masked token still takes
+    # part in the max; a mask row wider than the registers hold takes the flat walk.
+    from maxsim.dense.forward import _SKIP_PAD_MAX_LANES, _skip_pad_lanes
+
+    assert _skip_pad_lanes(300, True, False) == 512 and _skip_pad_lanes(3, True, False) == 16
+    assert _skip_pad_lanes(300, False, False) == 0 and _skip_pad_lanes(300, True, True) == 0
+    assert _skip_pad_lanes(_SKIP_PAD_MAX_LANES + 1, True, False) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["cross", "candidates"])
 def test_tma_document_tiles_match_the_oracle(dtype, layout):

@@ -10,6 +10,9 @@ tensor never leaves the chip, and every document tile read serves all BM rows.
 
 The loop over (document, tile) pairs is flattened into one loop so that Triton's software pipeline
 keeps loads in flight across document boundaries; the per-document epilogue is a branch inside it.
+With a document mask (exclusion rule) the kernel walks instead one document at a time, each only up
+to its last real token, read from the mask row on the device: padding is neither loaded nor
+multiplied, and no length crosses to the host.
 
 On Hopper, compute-bound calls on big corpora run the warp-specialized Gluon kernel of
 forward_ws.py instead (:mod:`maxsim.selection.dense` decides): there a producer warp and two
@@ -32,6 +35,169 @@ from maxsim._kernels import dot_chunk, max_nan, stacked_rows
 from maxsim._launch import launch
 from maxsim.tuning import multiprocessors, next_pow2
 from maxsim.tuning.configs import ForwardConfig
+
+
+@triton.jit
+def _fold_tile(b_max, b_arg, b_wintile, b_seen, b_dbad, j, i_t,
+               b_q, b_qm, p_q_rows, m_row, o_k, o_n, dim, Ld, p_d_base, stride_dn, stride_dl,
+               p_dm_base, stride_dmn, d_desc, i_dgroup,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr,
+               HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr, MULTIPLY: tl.constexpr,
+               NORMALIZE: tl.constexpr, SAVE_ARGMAX: tl.constexpr, EVEN_K: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ROW_MAX: tl.constexpr,
+               USE_TMA: tl.constexpr, DMASK_VALUES: tl.constexpr):
+    """Fold tile ``i_t`` of document ``j`` (tokens ``i_t*BN + [0, BN)``) into the running max
+    state; returns it (b_max, b_arg, b_wintile, b_seen, b_dbad: see the kernel)."""
+    NEG_INF: tl.constexpr = float("-inf")
+    o_t = i_t * BN + o_n  # [BN] document tokens
+    m_t = o_t < Ld
+    p_d_rows = p_d_base + j.to(tl.int64) * stride_dn + o_t[:, None] * stride_dl  # [BN, 1]
+    if HAS_DMASK:
+        b_dv = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
+        b_dm = b_dv != 0
+        # Masked tokens are never read (a masked row loads as 0 without touching memory), except
+        # under PyLate's rule, where a masked token's NaN or inf still reaches the max.
+        m_load = m_t if USE_TMA or MULTIPLY else m_t & b_dm
+    else:
+        m_load = m_t
+
+    b_s = tl.zeros([BM, BN], dtype=tl.float32)
+    d_sq = tl.zeros([BN], dtype=tl.float32)  # squared norms of the tile's tokens (normalize)
+    if NUM_K == 1:
+        # One dot against the query block that stays on chip (no inner loop, so the
+        # software pipeline runs over the (document, tile) loop itself).
+        b_s, d_sq = dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_load, dim,
+                               d_desc, i_dgroup, j * Ld + i_t * BN, 0,
+                               False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
+    else:
+        # Wide embeddings: a K-loop streaming [BM, BK] and [BN, BK] chunks (query from L2).
+        for kk in range(NUM_K):
+            b_s, d_sq = dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_load, dim,
+                                   d_desc, i_dgroup, j * Ld + i_t * BN, kk * BK,
+                                   True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
+    if NORMALIZE:
+        b_s = b_s * (1.0 / tl.maximum(tl.sqrt(d_sq), 1e-12))[None, :]
+
+    if MULTIPLY:
+        # PyLate's rule: masked similarities become 0 and still take part in the max.
+        if HAS_QMASK:
+            b_s = b_s * b_qm.to(tl.float32)[:, None]
+        if HAS_DMASK:
+            if DMASK_VALUES:
+                b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
+            b_s = b_s * b_dm.to(tl.float32)[None, :]
+        if (i_t + 1) * BN > Ld:
+            b_s = tl.where(m_t[None, :], b_s, NEG_INF)
+    elif HAS_DMASK:
+        if DMASK_VALUES:
+            b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
+        b_s = tl.where(b_dm[None, :], b_s, NEG_INF)
+        b_seen = b_seen | b_dm.to(tl.int32)
+    elif (i_t + 1) * BN > Ld:
+        # Only the ragged last tile pays for the bounds mask.
+        b_s = tl.where(m_t[None, :], b_s, NEG_INF)
+
+    # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
+    if not ROW_MAX and SAVE_ARGMAX:
+        upd = (b_s > b_max) | ((b_s != b_s) & (b_max == b_max))
+        b_max = tl.where(upd, b_s, b_max)
+        b_arg = tl.where(upd, i_t, b_arg)
+    elif not ROW_MAX:
+        b_max = max_nan(b_max, b_s)
+    elif SAVE_ARGMAX:
+        b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
+        upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
+        b_wintile = tl.where(upd[:, None], b_s, b_wintile)
+        b_arg = tl.where(upd, i_t, b_arg)
+        b_max = tl.where(upd, b_tmax, b_max)
+    else:
+        b_max = max_nan(b_max, tl.reduce(b_s, 1, max_nan))
+    return b_max, b_arg, b_wintile, b_seen, b_dbad
+
+
+@triton.jit
+def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, j,
+                out_ptr, argmax_ptr, i_chunk, i_qgroup, o_q, o_s, o_n, m_row, b_qm, b_qbad, q_inv_norm,
+                Nq, Nd, Lq, Ld, p_dm_base, stride_dmn,
+                BM: tl.constexpr, BN: tl.constexpr, SEG: tl.constexpr,
+                HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr, MULTIPLY: tl.constexpr,
+                NORMALIZE: tl.constexpr, SAVE_ARGMAX: tl.constexpr, ROW_MAX: tl.constexpr,
+                FLOWING: tl.constexpr, QMASK_VALUES: tl.constexpr, DMASK_VALUES: tl.constexpr):
+    """Document ``j`` is complete: one max per query token, one sum per query, stored (with the
+    argmax); returns the state reset for the next document."""
+    NEG_INF: tl.constexpr = float("-inf")
+    QPB: tl.constexpr = BM // SEG
+    if ROW_MAX:
+        b_rowmax = b_max
+    else:
+        b_rowmax = tl.reduce(b_max, 1, max_nan)  # [BM]
+    b_best = b_rowmax
+    if NORMALIZE:
+        b_best = b_best * q_inv_norm  # a positive scale commutes with the max
+    m_keep = m_row
+    if HAS_QMASK and not MULTIPLY:
+        m_keep = m_keep & b_qm
+    if HAS_DMASK and not MULTIPLY:
+        m_keep = m_keep & (tl.max(b_seen, axis=0) > 0)  # empty document -> 0
+    b_best = tl.where(m_keep, b_best, 0.0)
+    b_score = tl.sum(tl.reshape(b_best, [QPB, SEG]), axis=1)  # [QPB]
+    if QMASK_VALUES:
+        b_score = tl.where(tl.max(tl.reshape(b_qbad, [QPB, SEG]), axis=1) > 0, float("nan"), b_score)
+    if DMASK_VALUES:
+        b_score = tl.where(tl.max(b_dbad, axis=0) > 0, float("nan"), b_score)
+    o_qb = i_qgroup * QPB + tl.arange(0, QPB)
+    p_out = out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j
+    tl.store(p_out, b_score, mask=o_qb < Nq)
+    if SAVE_ARGMAX:
+        if ROW_MAX:
+            # The first column of the winning tile that holds the max (NaN wins). A row
+            # with no finite winner finds none (BN): it is masked to -1 below.
+            is_max = (b_wintile == b_rowmax[:, None]) | (b_wintile != b_wintile)
+            b_col = tl.min(tl.where(is_max, o_n[None, :], BN), axis=1)  # [BM]
+            b_idx = b_arg * BN + tl.minimum(b_col, BN - 1)
+        else:
+            is_max = (b_max == b_rowmax[:, None]) | (b_max != b_max)
+            o_tok = b_arg * BN + o_n[None, :]
+            b_idx = tl.min(tl.where(is_max, o_tok, 2147483647), axis=1)  # lowest index among ties
+        m_arg = m_row
+        if HAS_QMASK:
+            m_arg = m_arg & b_qm
+        if HAS_DMASK and not MULTIPLY:
+            m_arg = m_arg & (tl.max(b_seen, axis=0) > 0)
+        if FLOWING and HAS_DMASK and MULTIPLY:
+            # PyLate's rule: a masked winner (its similarity forced to 0) passes no gradient
+            m_win = m_arg & (b_idx >= 0) & (b_idx < Ld)
+            b_win = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + b_idx, mask=m_win, other=0)
+            m_arg = m_win & (b_win != 0)
+        b_idx = tl.where(m_arg, b_idx, -1)
+        p_arg = argmax_ptr + (o_q.to(tl.int64) * Nd + j) * Lq + o_s
+        tl.store(p_arg, b_idx, mask=m_row)
+    if ROW_MAX:
+        b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
+    else:
+        b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
+    if SAVE_ARGMAX:
+        b_arg = tl.zeros_like(b_arg)
+    if HAS_DMASK:
+        b_seen = tl.zeros_like(b_seen)
+    if DMASK_VALUES:
+        b_dbad = tl.zeros_like(b_dbad)
+    return b_max, b_arg, b_wintile, b_seen, b_dbad
+
+
+@triton.jit
+def _mask_extent(p_dm_row, Ld, live, LD_POW2: tl.constexpr):
+    """Loads one document's mask row ``[Ld]`` (nothing when not ``live``): its values, for
+    :func:`_extent_of`, so that the load can be issued a document ahead of its use."""
+    o_l = tl.arange(0, LD_POW2)
+    return tl.load(p_dm_row + o_l, mask=(o_l < Ld) & live, other=0)  # [LD_POW2]
+
+
+@triton.jit
+def _extent_of(b_v, LD_POW2: tl.constexpr):
+    """One past the last real token of a mask row (0 for a document with none)."""
+    o_l = tl.arange(0, LD_POW2)
+    return tl.max(tl.where(b_v != 0, o_l + 1, 0), axis=0)
 
 
 # Sizes vary call to call: no value specialisation (Triton would compile again for 1 or multiples
@@ -57,27 +223,31 @@ def _maxsim_fwd_kernel(
     FLOWING: tl.constexpr,  # SAVE_ARGMAX for the backward: a masked winner (MULTIPLY) is -1, no gradient
     QMASK_VALUES: tl.constexpr,  # a number q_mask: a value other than 0/1 makes its query's scores NaN
     DMASK_VALUES: tl.constexpr,  # the same for a number d_mask and its document's scores
+    SKIP_PAD: tl.constexpr,  # walk each document only up to its last real token (d_mask, exclusion)
+    LD_POW2: tl.constexpr,  # SKIP_PAD: a power of two >= Ld, the lanes of one mask row
 ):
-    QPB: tl.constexpr = BM // SEG  # queries per block
     NEG_INF: tl.constexpr = float("-inf")
     i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
     m_row = (o_q < Nq) & (o_s < Lq)  # [BM]
     p_q_rows = q_ptr + o_q.to(tl.int64)[:, None] * stride_qn + o_s[:, None] * stride_ql  # [BM, 1]
 
+    b_qbad = tl.zeros([BM], dtype=tl.int32)  # query rows holding a value other than 0/1 (QMASK_VALUES)
     if HAS_QMASK:
         b_qv = tl.load(qmask_ptr + o_q.to(tl.int64) * Lq + o_s, mask=m_row, other=0)  # [BM]
         b_qm = b_qv != 0
         if QMASK_VALUES:
-            b_qbad = (b_qm & (b_qv != 1)).to(tl.int32)  # [BM]
+            b_qbad = (b_qm & (b_qv != 1)).to(tl.int32)
     else:
         b_qm = m_row
     o_k = tl.arange(0, BK)
+    b_q = tl.zeros([BM, BK], dtype=q_ptr.dtype.element_ty)  # the resident query block (NUM_K == 1)
     if NUM_K == 1:
         # The whole query block stays on chip for the program's lifetime.
         if EVEN_K:
             b_q = tl.load(p_q_rows + o_k[None, :], mask=m_row[:, None], other=0.0)  # [BM, BK]
         else:
             b_q = tl.load(p_q_rows + o_k[None, :], mask=m_row[:, None] & (o_k < dim)[None, :], other=0.0)
+    q_inv_norm = tl.full([BM], 1.0, dtype=tl.float32)
     if NORMALIZE:
         q_sq = tl.zeros([BM], dtype=tl.float32)
         for kq in tl.static_range(NUM_K):
@@ -98,148 +268,65 @@ def _maxsim_fwd_kernel(
     # columns once per document) or, with ROW_MAX, reduced to one value per row after every tile
     # (half the registers, so wider tiles fit). The argmax with ROW_MAX keeps the winning tile's
     # similarities and finds the column in it once per document, not once per tile: the per-tile
-    # cost is one select per element.
-    ELEMENTWISE: tl.constexpr = not ROW_MAX
-    if ELEMENTWISE:
+    # cost is one select per element. State a variant does not use stays a small placeholder.
+    if ROW_MAX:
+        b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
+        b_arg = tl.zeros([BM], dtype=tl.int32)  # tile where b_max was reached
+        if SAVE_ARGMAX:
+            b_wintile = tl.full([BM, BN], NEG_INF, dtype=tl.float32)  # that tile's similarities
+        else:
+            b_wintile = tl.zeros([BM], dtype=tl.float32)
+    else:
         b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
         if SAVE_ARGMAX:
             b_arg = tl.zeros([BM, BN], dtype=tl.int32)  # tile index where b_max was reached
+        else:
+            b_arg = tl.zeros([BM], dtype=tl.int32)
+        b_wintile = tl.zeros([BM], dtype=tl.float32)
+    b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far (HAS_DMASK)
+    b_dbad = tl.zeros([BN], dtype=tl.int32)  # any value other than 0/1 in it so far (DMASK_VALUES)
+
+    if SKIP_PAD:
+        # One document at a time, each walked only up to its last real token: padding past it is
+        # never loaded nor multiplied. The next document's mask row is loaded a document ahead,
+        # so its latency hides behind this one's tiles.
+        b_next = _mask_extent(p_dm_base + doc0.to(tl.int64) * stride_dmn, Ld, n_docs > 0, LD_POW2)
+        for jj in range(0, n_docs):
+            j = doc0 + jj
+            n_real = tl.cdiv(_extent_of(b_next, LD_POW2), BN)
+            b_next = _mask_extent(p_dm_base + (j + 1).to(tl.int64) * stride_dmn, Ld, jj + 1 < n_docs, LD_POW2)
+            for i_t in range(0, n_real):
+                b_max, b_arg, b_wintile, b_seen, b_dbad = _fold_tile(
+                    b_max, b_arg, b_wintile, b_seen, b_dbad, j, i_t,
+                    b_q, b_qm, p_q_rows, m_row, o_k, o_n, dim, Ld, p_d_base, stride_dn, stride_dl,
+                    p_dm_base, stride_dmn, d_desc, i_dgroup,
+                    BM, BN, BK, NUM_K, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, EVEN_K,
+                    DOT_PRECISION, DOT_UPCAST, ROW_MAX, USE_TMA, DMASK_VALUES)
+            b_max, b_arg, b_wintile, b_seen, b_dbad = _finish_doc(
+                b_max, b_arg, b_wintile, b_seen, b_dbad, j,
+                out_ptr, argmax_ptr, i_chunk, i_qgroup, o_q, o_s, o_n, m_row, b_qm, b_qbad, q_inv_norm,
+                Nq, Nd, Lq, Ld, p_dm_base, stride_dmn,
+                BM, BN, SEG, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, ROW_MAX,
+                FLOWING, QMASK_VALUES, DMASK_VALUES)
     else:
-        b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
-        if SAVE_ARGMAX:
-            b_arg = tl.zeros([BM], dtype=tl.int32)  # tile where b_max was reached
-            b_wintile = tl.full([BM, BN], NEG_INF, dtype=tl.float32)  # that tile's similarities
-    if HAS_DMASK:
-        b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far
-    if DMASK_VALUES:
-        b_dbad = tl.zeros([BN], dtype=tl.int32)  # any value other than 0/1 in this document so far
-
-    for it in range(0, n_docs * n_tiles):
-        j = doc0 + it // n_tiles
-        i_t = it % n_tiles
-        o_t = i_t * BN + o_n  # [BN] document tokens
-        m_t = o_t < Ld
-        p_d_rows = p_d_base + j.to(tl.int64) * stride_dn + o_t[:, None] * stride_dl  # [BN, 1]
-        if HAS_DMASK:
-            b_dv = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + o_t, mask=m_t, other=0)  # [BN]
-            b_dm = b_dv != 0
-            # Masked tokens are never read (a masked row loads as 0 without touching memory), except
-            # under PyLate's rule, where a masked token's NaN or inf still reaches the max.
-            m_load = m_t if USE_TMA or MULTIPLY else m_t & b_dm
-        else:
-            m_load = m_t
-
-        b_s = tl.zeros([BM, BN], dtype=tl.float32)
-        d_sq = tl.zeros([BN], dtype=tl.float32)  # squared norms of the tile's tokens (normalize)
-        if NUM_K == 1:
-            # One dot against the query block that stays on chip (no inner loop, so the
-            # software pipeline runs over the (document, tile) loop itself).
-            b_s, d_sq = dot_chunk(b_s, d_sq, b_q, p_q_rows, p_d_rows, o_k, m_row, m_load, dim,
-                                   d_desc, i_dgroup, j * Ld + i_t * BN, 0,
-                                   False, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
-        else:
-            # Wide embeddings: a K-loop streaming [BM, BK] and [BN, BK] chunks (query from L2).
-            for kk in range(NUM_K):
-                b_s, d_sq = dot_chunk(b_s, d_sq, b_s, p_q_rows, p_d_rows, kk * BK + o_k, m_row, m_load, dim,
-                                       d_desc, i_dgroup, j * Ld + i_t * BN, kk * BK,
-                                       True, EVEN_K, NORMALIZE, DOT_PRECISION, DOT_UPCAST, USE_TMA, BN, BK)
-        if NORMALIZE:
-            b_s = b_s * (1.0 / tl.maximum(tl.sqrt(d_sq), 1e-12))[None, :]
-
-        if MULTIPLY:
-            # PyLate's rule: masked similarities become 0 and still take part in the max.
-            if HAS_QMASK:
-                b_s = b_s * b_qm.to(tl.float32)[:, None]
-            if HAS_DMASK:
-                if DMASK_VALUES:
-                    b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
-                b_s = b_s * b_dm.to(tl.float32)[None, :]
-            if (i_t + 1) * BN > Ld:
-                b_s = tl.where(m_t[None, :], b_s, NEG_INF)
-        elif HAS_DMASK:
-            if DMASK_VALUES:
-                b_dbad = b_dbad | (b_dm & (b_dv != 1)).to(tl.int32)
-            b_s = tl.where(b_dm[None, :], b_s, NEG_INF)
-            b_seen = b_seen | b_dm.to(tl.int32)
-        elif (i_t + 1) * BN > Ld:
-            # Only the ragged last tile pays for the bounds mask.
-            b_s = tl.where(m_t[None, :], b_s, NEG_INF)
-
-        # Strict '>' keeps the earliest tile on ties; a NaN wins over any number.
-        if ELEMENTWISE and SAVE_ARGMAX:
-            upd = (b_s > b_max) | ((b_s != b_s) & (b_max == b_max))
-            b_max = tl.where(upd, b_s, b_max)
-            b_arg = tl.where(upd, i_t.to(tl.int32), b_arg)
-        elif ELEMENTWISE:
-            b_max = max_nan(b_max, b_s)
-        elif SAVE_ARGMAX:
-            b_tmax = tl.reduce(b_s, 1, max_nan)  # [BM]
-            upd = (b_tmax > b_max) | ((b_tmax != b_tmax) & (b_max == b_max))
-            b_wintile = tl.where(upd[:, None], b_s, b_wintile)
-            b_arg = tl.where(upd, i_t.to(tl.int32), b_arg)
-            b_max = tl.where(upd, b_tmax, b_max)
-        else:
-            b_max = max_nan(b_max, tl.reduce(b_s, 1, max_nan))
-
-        if i_t == n_tiles - 1:
-            # Document j is complete: one max per query token, one sum per query.
-            if ELEMENTWISE:
-                b_rowmax = tl.reduce(b_max, 1, max_nan)  # [BM]
-            else:
-                b_rowmax = b_max
-            b_best = b_rowmax
-            if NORMALIZE:
-                b_best = b_best * q_inv_norm  # a positive scale commutes with the max
-            m_keep = m_row
-            if HAS_QMASK and not MULTIPLY:
-                m_keep = m_keep & b_qm
-            if HAS_DMASK and not MULTIPLY:
-                m_keep = m_keep & (tl.max(b_seen, axis=0) > 0)  # empty document -> 0
-            b_best = tl.where(m_keep, b_best, 0.0)
-            b_score = tl.sum(tl.reshape(b_best, [QPB, SEG]), axis=1)  # [QPB]
-            if QMASK_VALUES:
-                b_score = tl.where(tl.max(tl.reshape(b_qbad, [QPB, SEG]), axis=1) > 0, float("nan"), b_score)
-            if DMASK_VALUES:
-                b_score = tl.where(tl.max(b_dbad, axis=0) > 0, float("nan"), b_score)
-            o_qb = i_qgroup * QPB + tl.arange(0, QPB)
-            p_out = out_ptr + (i_chunk.to(tl.int64) * Nq + o_qb) * Nd + j
-            tl.store(p_out, b_score, mask=o_qb < Nq)
-            if SAVE_ARGMAX:
-                if ELEMENTWISE:
-                    is_max = (b_max == b_rowmax[:, None]) | (b_max != b_max)
-                    o_tok = b_arg * BN + o_n[None, :]
-                    b_idx = tl.min(tl.where(is_max, o_tok, 2147483647), axis=1)  # lowest index among ties
-                else:
-                    # The first column of the winning tile that holds the max (NaN wins). A row
-                    # with no finite winner finds none (BN): it is masked to -1 below.
-                    is_max = (b_wintile == b_rowmax[:, None]) | (b_wintile != b_wintile)
-                    b_col = tl.min(tl.where(is_max, o_n[None, :], BN), axis=1)  # [BM]
-                    b_idx = b_arg * BN + tl.minimum(b_col, BN - 1)
-                m_arg = m_row
-                if HAS_QMASK:
-                    m_arg = m_arg & b_qm
-                if HAS_DMASK and not MULTIPLY:
-                    m_arg = m_arg & (tl.max(b_seen, axis=0) > 0)
-                if FLOWING and HAS_DMASK and MULTIPLY:
-                    # PyLate's rule: a masked winner (its similarity forced to 0) passes no gradient
-                    m_win = m_arg & (b_idx >= 0) & (b_idx < Ld)
-                    b_win = tl.load(p_dm_base + j.to(tl.int64) * stride_dmn + b_idx, mask=m_win, other=0)
-                    m_arg = m_win & (b_win != 0)
-                b_idx = tl.where(m_arg, b_idx, -1)
-                p_arg = argmax_ptr + (o_q.to(tl.int64) * Nd + j) * Lq + o_s
-                tl.store(p_arg, b_idx, mask=m_row)
-            if ELEMENTWISE:
-                b_max = tl.full([BM, BN], NEG_INF, dtype=tl.float32)
-                if SAVE_ARGMAX:
-                    b_arg = tl.zeros([BM, BN], dtype=tl.int32)
-            else:
-                b_max = tl.full([BM], NEG_INF, dtype=tl.float32)
-                if SAVE_ARGMAX:
-                    b_arg = tl.zeros([BM], dtype=tl.int32)
-            if HAS_DMASK:
-                b_seen = tl.zeros([BN], dtype=tl.int32)
-            if DMASK_VALUES:
-                b_dbad = tl.zeros([BN], dtype=tl.int32)
+        # The (document, tile) pairs as one flat loop, so that Triton's software pipeline keeps
+        # loads in flight across document boundaries.
+        for it in range(0, n_docs * n_tiles):
+            j = doc0 + it // n_tiles
+            i_t = it % n_tiles
+            b_max, b_arg, b_wintile, b_seen, b_dbad = _fold_tile(
+                b_max, b_arg, b_wintile, b_seen, b_dbad, j, i_t,
+                b_q, b_qm, p_q_rows, m_row, o_k, o_n, dim, Ld, p_d_base, stride_dn, stride_dl,
+                p_dm_base, stride_dmn, d_desc, i_dgroup,
+                BM, BN, BK, NUM_K, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, EVEN_K,
+                DOT_PRECISION, DOT_UPCAST, ROW_MAX, USE_TMA, DMASK_VALUES)
+            if i_t == n_tiles - 1:
+                b_max, b_arg, b_wintile, b_seen, b_dbad = _finish_doc(
+                    b_max, b_arg, b_wintile, b_seen, b_dbad, j,
+                    out_ptr, argmax_ptr, i_chunk, i_qgroup, o_q, o_s, o_n, m_row, b_qm, b_qbad, q_inv_norm,
+                    Nq, Nd, Lq, Ld, p_dm_base, stride_dmn,
+                    BM, BN, SEG, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, ROW_MAX,
+                    FLOWING, QMASK_VALUES, DMASK_VALUES)
 
 
 def maxsim_forward(
@@ -339,7 +426,8 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, norma
     args = (*_tensor_args(Q, D, d_desc, qm, dm, out, argmax), *ints)
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
                              Q.dtype, interpret, use_tma, precision, flowing and argmax is not None,
-                             qm is not None and qm.dtype != torch.bool, dm is not None and dm.dtype != torch.bool)
+                             qm is not None and qm.dtype != torch.bool, dm is not None and dm.dtype != torch.bool,
+                             _skip_pad_lanes(Ld, dm is not None, multiply))
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
@@ -396,8 +484,9 @@ class _ForwardPlan:
 def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask: bool, multiply: bool,
                 normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool,
                 precision: str = "ieee", flowing: bool = False, qmask_values: bool = False,
-                dmask_values: bool = False) -> dict:
-    """The kernel's constexprs for one variant (cached: built once, not on every call; read-only)."""
+                dmask_values: bool = False, skip_pad_lanes: int = 0) -> dict:
+    """The kernel's constexprs for one variant (cached: built once, not on every call; read-only).
+    ``skip_pad_lanes``: :func:`_skip_pad_lanes`'s mask-row width, 0 for the flat walk."""
     return dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
         HAS_QMASK=has_qmask, HAS_DMASK=has_dmask, MULTIPLY=multiply,
@@ -406,7 +495,22 @@ def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask
         DOT_UPCAST=interpret and dtype == torch.bfloat16,
         ROW_MAX=cfg.row_max, USE_TMA=use_tma, FLOWING=flowing,
         QMASK_VALUES=qmask_values, DMASK_VALUES=dmask_values,
+        SKIP_PAD=skip_pad_lanes > 0, LD_POW2=max(skip_pad_lanes, 1),
     )
+
+
+# Widest mask row the padding-skipping walk reads at once (its lanes stay in registers while the
+# previous document's tiles run); longer documents take the flat walk.
+_SKIP_PAD_MAX_LANES = 2048
+
+
+def _skip_pad_lanes(Ld: int, has_dmask: bool, multiply: bool) -> int:
+    """The mask-row lanes (a power of two >= Ld) of the walk that stops at each document's last
+    real token, or 0 for the flat walk over every tile: without a document mask there is no
+    padding, and under PyLate's rule (``multiply``) a masked token still takes part in the max."""
+    if not has_dmask or multiply or Ld > _SKIP_PAD_MAX_LANES:
+        return 0
+    return max(16, next_pow2(Ld))
 
 
 def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
