@@ -116,7 +116,7 @@ def _fold_tile(b_max, b_arg, b_wintile, b_seen, b_dbad, j, i_t,
 
 
 @triton.jit
-def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, j,
+def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, doc_real, j,
                 out_ptr, argmax_ptr, i_chunk, i_qgroup, o_q, o_s, o_n, m_row, b_qm, b_qbad, q_inv_norm,
                 Nq, Nd, Lq, Ld, p_dm_base, stride_dmn,
                 BM: tl.constexpr, BN: tl.constexpr, SEG: tl.constexpr,
@@ -124,7 +124,8 @@ def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, j,
                 NORMALIZE: tl.constexpr, SAVE_ARGMAX: tl.constexpr, ROW_MAX: tl.constexpr,
                 FLOWING: tl.constexpr, QMASK_VALUES: tl.constexpr, DMASK_VALUES: tl.constexpr):
     """Document ``j`` is complete: one max per query token, one sum per query, stored (with the
-    argmax); returns the state reset for the next document."""
+    argmax); returns the state reset for the next document. ``doc_real``: whether the document has
+    a real token (the walk's own count, or ``b_seen``'s when None)."""
     NEG_INF: tl.constexpr = float("-inf")
     QPB: tl.constexpr = BM // SEG
     if ROW_MAX:
@@ -134,11 +135,13 @@ def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, j,
     b_best = b_rowmax
     if NORMALIZE:
         b_best = b_best * q_inv_norm  # a positive scale commutes with the max
+    if doc_real is None:
+        doc_real = tl.max(b_seen, axis=0) > 0
     m_keep = m_row
     if HAS_QMASK and not MULTIPLY:
         m_keep = m_keep & b_qm
     if HAS_DMASK and not MULTIPLY:
-        m_keep = m_keep & (tl.max(b_seen, axis=0) > 0)  # empty document -> 0
+        m_keep = m_keep & doc_real  # empty document -> 0
     b_best = tl.where(m_keep, b_best, 0.0)
     b_score = tl.sum(tl.reshape(b_best, [QPB, SEG]), axis=1)  # [QPB]
     if QMASK_VALUES:
@@ -163,7 +166,7 @@ def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, j,
         if HAS_QMASK:
             m_arg = m_arg & b_qm
         if HAS_DMASK and not MULTIPLY:
-            m_arg = m_arg & (tl.max(b_seen, axis=0) > 0)
+            m_arg = m_arg & doc_real
         if FLOWING and HAS_DMASK and MULTIPLY:
             # PyLate's rule: a masked winner (its similarity forced to 0) passes no gradient
             m_win = m_arg & (b_idx >= 0) & (b_idx < Ld)
@@ -302,8 +305,11 @@ def _maxsim_fwd_kernel(
                     p_dm_base, stride_dmn, d_desc, i_dgroup,
                     BM, BN, BK, NUM_K, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, EVEN_K,
                     DOT_PRECISION, DOT_UPCAST, ROW_MAX, USE_TMA, DMASK_VALUES)
+            # The walk's own tile count says whether the document has a real token. (It must be
+            # used here: Triton 3.6 drops a loop-carried value whose only use is an inner loop's
+            # bound, and the next document's count would then be the first one's.)
             b_max, b_arg, b_wintile, b_seen, b_dbad = _finish_doc(
-                b_max, b_arg, b_wintile, b_seen, b_dbad, j,
+                b_max, b_arg, b_wintile, b_seen, b_dbad, n_real > 0, j,
                 out_ptr, argmax_ptr, i_chunk, i_qgroup, o_q, o_s, o_n, m_row, b_qm, b_qbad, q_inv_norm,
                 Nq, Nd, Lq, Ld, p_dm_base, stride_dmn,
                 BM, BN, SEG, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, ROW_MAX,
@@ -322,7 +328,7 @@ def _maxsim_fwd_kernel(
                 DOT_PRECISION, DOT_UPCAST, ROW_MAX, USE_TMA, DMASK_VALUES)
             if i_t == n_tiles - 1:
                 b_max, b_arg, b_wintile, b_seen, b_dbad = _finish_doc(
-                    b_max, b_arg, b_wintile, b_seen, b_dbad, j,
+                    b_max, b_arg, b_wintile, b_seen, b_dbad, None, j,
                     out_ptr, argmax_ptr, i_chunk, i_qgroup, o_q, o_s, o_n, m_row, b_qm, b_qbad, q_inv_norm,
                     Nq, Nd, Lq, Ld, p_dm_base, stride_dmn,
                     BM, BN, SEG, HAS_QMASK, HAS_DMASK, MULTIPLY, NORMALIZE, SAVE_ARGMAX, ROW_MAX,
