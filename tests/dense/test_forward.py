@@ -203,6 +203,21 @@ def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max):
     assert out[:, bad].isnan().all() and torch.equal(out[:, ~bad].double().cpu(), ref[:, ~bad])
 
 
+def test_padding_walk_with_many_documents_a_program():
+    # Each program walks a run of documents, the next one's extent read while this one's tiles
+    # run: every document must get its own extent (on the GPU, 300 documents make runs of three).
+    from maxsim.tuning.configs import ForwardConfig
+    from maxsim.dense.forward import maxsim_forward
+
+    Q, D = small_ints(1, 32, 16), small_ints(1, 300, 40, 16)
+    lengths = torch.randint(0, 41, (300,), device=KERNEL_DEVICE)
+    d_mask = (torch.arange(40, device=KERNEL_DEVICE) < lengths[:, None])[None]
+    cfg = ForwardConfig(BM=32, BN=16, BK=16, num_warps=4, num_stages=2, waves=1, row_max=False)
+    ref, ref_arg = oracle(Q, D[0], None, d_mask[0])
+    out, arg = maxsim_forward(Q, D, None, d_mask, save_argmax=True, config=cfg)
+    assert torch.equal(out.double().cpu(), ref) and torch.equal(arg.long().cpu(), ref_arg)
+
+
 def test_padding_walk_only_where_it_holds():
     # Without a document mask there is no padding; under PyLate's rule a masked token still takes
     # part in the max; a mask row wider than the registers hold takes the flat walk.
