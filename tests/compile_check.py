@@ -105,7 +105,7 @@ def dense_forward_variants():
     yield "fwd masks+multiply+normalize", dict(base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), ptrs, 8, 3
     # The padding-skipping walk (a document mask, exclusion): one-query reranks, in-batch training.
     yield "fwd padded rerank (walk to the last real token)", dict(base, BM=32, BN=128, ROW_MAX=False, HAS_QMASK=True,
-                                                                  HAS_DMASK=True, SKIP_PAD=True, LD_POW2=512), ptrs, 4, 3
+                                                                  HAS_DMASK=True, SKIP_PAD=True, LD_POW2=2048), ptrs, 4, 3
     yield "fwd padded in-batch argmax (int64 masks)", dict(base, BM=128, BN=64, SEG=32, SAVE_ARGMAX=True, HAS_QMASK=True,
                                                           HAS_DMASK=True, QMASK_VALUES=True, DMASK_VALUES=True,
                                                           SKIP_PAD=True, LD_POW2=2048), \

@@ -49,4 +49,4 @@ def test_padding_walk_carries_the_next_documents_extent_on_the_compiler():
     assert res.returncode == 0, res.stderr[-2000:]
     loops = res.stdout.splitlines()
     assert len(loops) >= 2, res.stdout  # the document loop and each document's tile loop
-    assert "iter_args" in loops[0] and "tensor<512xi1" in loops[0], loops[0]
+    assert "iter_args" in loops[0] and "tensor<2048xi1" in loops[0], loops[0]

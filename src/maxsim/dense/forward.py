@@ -227,7 +227,7 @@ def _maxsim_fwd_kernel(
     QMASK_VALUES: tl.constexpr,  # a number q_mask: a value other than 0/1 makes its query's scores NaN
     DMASK_VALUES: tl.constexpr,  # the same for a number d_mask and its document's scores
     SKIP_PAD: tl.constexpr,  # walk each document only up to its last real token (d_mask, exclusion)
-    LD_POW2: tl.constexpr,  # SKIP_PAD: a power of two >= Ld, the lanes of one mask row
+    LD_POW2: tl.constexpr,  # SKIP_PAD: a power of two >= Ld, the lanes of one mask row read at once
 ):
     NEG_INF: tl.constexpr = float("-inf")
     i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
@@ -505,18 +505,19 @@ def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask
     )
 
 
-# Widest mask row the padding-skipping walk reads at once (its lanes stay in registers while the
-# previous document's tiles run); longer documents take the flat walk.
+# Lanes of the mask row the padding-skipping walk reads at once (they stay in registers while the
+# previous document's tiles run). One width for every length up to it, so that the compiled
+# variant does not depend on Ld; longer documents take the flat walk.
 _SKIP_PAD_MAX_LANES = 2048
 
 
 def _skip_pad_lanes(Ld: int, has_dmask: bool, multiply: bool) -> int:
-    """The mask-row lanes (a power of two >= Ld) of the walk that stops at each document's last
-    real token, or 0 for the flat walk over every tile: without a document mask there is no
-    padding, and under PyLate's rule (``multiply``) a masked token still takes part in the max."""
+    """The mask-row lanes of the walk that stops at each document's last real token, or 0 for the
+    flat walk over every tile: without a document mask there is no padding, and under PyLate's rule
+    (``multiply``) a masked token still takes part in the max."""
     if not has_dmask or multiply or Ld > _SKIP_PAD_MAX_LANES:
         return 0
-    return max(16, next_pow2(Ld))
+    return _SKIP_PAD_MAX_LANES
 
 
 def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
