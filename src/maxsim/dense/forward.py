@@ -189,7 +189,7 @@ def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, doc_real, j,
 
 
 @triton.jit
-def _mask_extent(p_dm_row, Ld, live, LD_POW2: tl.constexpr):
+def _mask_row(p_dm_row, Ld, live, LD_POW2: tl.constexpr):
     """Loads one document's mask row ``[Ld]`` (nothing when not ``live``): its values, for
     :func:`_extent_of`, so that the load can be issued a document ahead of its use."""
     o_l = tl.arange(0, LD_POW2)
@@ -293,11 +293,11 @@ def _maxsim_fwd_kernel(
         # One document at a time, each walked only up to its last real token: padding past it is
         # never loaded nor multiplied. The next document's mask row is loaded a document ahead,
         # so its latency hides behind this one's tiles.
-        b_next = _mask_extent(p_dm_base + doc0.to(tl.int64) * stride_dmn, Ld, n_docs > 0, LD_POW2)
+        b_next = _mask_row(p_dm_base + doc0.to(tl.int64) * stride_dmn, Ld, n_docs > 0, LD_POW2)
         for jj in range(0, n_docs):
             j = doc0 + jj
             n_real = tl.cdiv(_extent_of(b_next, LD_POW2), BN)
-            b_next = _mask_extent(p_dm_base + (j + 1).to(tl.int64) * stride_dmn, Ld, jj + 1 < n_docs, LD_POW2)
+            b_next = _mask_row(p_dm_base + (j + 1).to(tl.int64) * stride_dmn, Ld, jj + 1 < n_docs, LD_POW2)
             for i_t in range(0, n_real):
                 b_max, b_arg, b_wintile, b_seen, b_dbad = _fold_tile(
                     b_max, b_arg, b_wintile, b_seen, b_dbad, j, i_t,
