@@ -31,7 +31,7 @@ from maxsim.dense.backward import (
     _maxsim_bwd_owned_kernel,
     _normalize_jacobian_kernel,
 )
-from maxsim.dense.forward import _maxsim_fwd_kernel
+from maxsim.dense.forward import MASK_ROW_LANES, _maxsim_fwd_kernel
 from maxsim.dense.forward_ws import WS_MAXNREG, WS_SUB_TILES, _maxsim_fwd_ws_kernel
 from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_kernel
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
@@ -89,7 +89,7 @@ def dense_forward_variants():
     base = dict(BM=256, BN=64, BK=128, NUM_K=1, SEG=32, HAS_QMASK=False, HAS_DMASK=False, MULTIPLY=False,
                 NORMALIZE=False, SAVE_ARGMAX=False, EVEN_K=True, DOT_PRECISION="tf32", DOT_UPCAST=False,
                 ROW_MAX=True, USE_TMA=False, FLOWING=False, QMASK_VALUES=False, DMASK_VALUES=False,
-                SKIP_PAD=False, LD_POW2=1)
+                MASK_LANES=0)
     ptrs = dict(q_ptr="fp16", d_ptr="fp16", d_desc="fp16", qmask_ptr="i1", dmask_ptr="i1", out_ptr="fp32",
                 argmax_ptr="i32")
 
@@ -105,12 +105,12 @@ def dense_forward_variants():
     yield "fwd masks+multiply+normalize", dict(base, HAS_QMASK=True, HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), ptrs, 8, 3
     # The padding-skipping walk (a document mask, exclusion): one-query reranks, in-batch training.
     yield "fwd padded rerank (walk to the last real token)", dict(base, BM=32, BN=128, ROW_MAX=False, HAS_QMASK=True,
-                                                                  HAS_DMASK=True, SKIP_PAD=True, LD_POW2=2048), ptrs, 4, 3
+                                                                  HAS_DMASK=True, MASK_LANES=MASK_ROW_LANES), ptrs, 4, 3
     yield "fwd padded in-batch argmax (int64 masks)", dict(base, BM=128, BN=64, SEG=32, SAVE_ARGMAX=True, HAS_QMASK=True,
                                                           HAS_DMASK=True, QMASK_VALUES=True, DMASK_VALUES=True,
-                                                          SKIP_PAD=True, LD_POW2=2048), \
+                                                          MASK_LANES=MASK_ROW_LANES), \
         dict(ptrs, q_ptr="bf16", d_ptr="bf16", qmask_ptr="i64", dmask_ptr="i64"), 8, 3
-    yield "fwd TMA padded ColPali", *tma(dict(base, BM=32, BN=128, HAS_DMASK=True, SKIP_PAD=True, LD_POW2=2048)), 4, 3
+    yield "fwd TMA padded ColPali", *tma(dict(base, BM=32, BN=128, HAS_DMASK=True, MASK_LANES=MASK_ROW_LANES)), 4, 3
     yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
     yield "fwd flowing argmax (PyLate's training: multiply)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True,
                                                                  MULTIPLY=True, FLOWING=True), ptrs, 8, 3

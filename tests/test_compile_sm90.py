@@ -31,7 +31,8 @@ _PADDING_WALK_IR = """
 import sys
 sys.path.insert(0, {tests!r})
 from compile_check import compile_variant, dense_forward_variants
-from maxsim.dense.forward import _maxsim_fwd_kernel
+from maxsim.dense.forward import MASK_ROW_LANES, _maxsim_fwd_kernel
+print(MASK_ROW_LANES)
 name, consts, ptrs, warps, stages = next(v for v in dense_forward_variants() if v[0].startswith("fwd padded rerank"))
 ir = compile_variant(_maxsim_fwd_kernel, ptrs, consts, warps, stages).asm["ttgir"]
 print("\\n".join(line.strip() for line in ir.splitlines() if "scf.for" in line))
@@ -47,6 +48,6 @@ def test_padding_walk_carries_the_next_documents_extent_on_the_compiler():
     code = _PADDING_WALK_IR.format(tests=str(Path(__file__).parent))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    loops = res.stdout.splitlines()
-    assert len(loops) >= 2, res.stdout  # the document loop and each document's tile loop
-    assert "iter_args" in loops[0] and "tensor<2048xi1" in loops[0], loops[0]
+    lanes, *loops = res.stdout.splitlines()
+    assert len(loops) >= 3, res.stdout  # the document loop, a long mask row's pieces, the tile loop
+    assert "iter_args" in loops[0] and f"tensor<{lanes}xi1" in loops[0], loops[0]

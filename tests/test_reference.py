@@ -178,13 +178,3 @@ def test_warmup_reaches_every_corpus_class(nq, candidates):
     assert warp_specialize_pays(tokens(one_query_ws))
     for D, threshold in [(big, BIG_CORPUS_TOKENS), (one_query_ws, WS_ONE_BLOCK_MIN_TOKENS)]:
         assert threshold <= tokens(D) < threshold + tokens(D[..., :1, :, :])  # the smallest such set
-
-
-def test_warmup_reaches_the_flat_walk_of_long_masked_documents():
-    # Masked documents up to the padding walk's lanes share one variant; longer ones take the flat
-    # walk, a variant of its own: a masked warm-up scores one such set too.
-    from maxsim.dense.forward import _SKIP_PAD_MAX_LANES, _skip_pad_lanes
-    from maxsim.warmup import _document_sets
-
-    sets = list(_document_sets(2, 16, torch.float16, False, "cpu", corpus_classes=False, long_docs=True))
-    assert [_skip_pad_lanes(D.shape[-2], True, False) for D in sets] == [_SKIP_PAD_MAX_LANES, 0]

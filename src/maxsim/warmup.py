@@ -5,8 +5,7 @@ Which kernel variant a call uses depends only on the dtype, d, the power-of-two 
 the bucket of Nq x Lq (up to 256 stacked query rows), the layout, the flags (masks, normalize,
 mask mode, argmax) and the corpus class (fewer or more than ``maxsim.tuning.tables.BIG_CORPUS_TOKENS``
 document tokens in the call; on Hopper one query of up to 128 tokens also has a class of its own
-from ``maxsim.tuning.tables.WS_ONE_BLOCK_MIN_TOKENS``); never on Nd, nor on Ld but for masked
-documents longer than the padding-skipping walk reads (the flat walk's variant). :func:`warmup`
+from ``maxsim.tuning.tables.WS_ONE_BLOCK_MIN_TOKENS``); never on Nd or Ld otherwise. :func:`warmup`
 compiles every class. Compiled kernels also persist on disk in Triton's cache (``TRITON_CACHE_DIR``, default
 ``~/.triton/cache``), so a restarted process only loads them.
 """
@@ -62,7 +61,7 @@ def warmup(
         Q = torch.randn(nq, lq, d, device=device).to(dtype)
         qm = torch.ones(Q.shape[:-1], dtype=torch.bool, device=device) if masked else None
         with torch.no_grad():
-            for D in _document_sets(nq, d, dtype, cand, device, corpus_classes=on_cuda, long_docs=masked):
+            for D in _document_sets(nq, d, dtype, cand, device, corpus_classes=on_cuda):
                 dm = torch.ones(D.shape[:-1], dtype=torch.bool, device=device) if masked else None
                 maxsim(Q, D, qm, dm, normalize=norm)
         count += 1
@@ -75,17 +74,12 @@ def warmup(
 _CLASS_DOC_LEN = 128
 
 
-def _document_sets(nq: int, d: int, dtype, candidates: bool, device, corpus_classes: bool, long_docs: bool = False):
-    """Tiny documents ``[(nq,) 2, 3, d]``; with ``long_docs``, two documents longer than the
-    padding-skipping walk reads (masked calls); with ``corpus_classes``, also a set at the first size
+def _document_sets(nq: int, d: int, dtype, candidates: bool, device, corpus_classes: bool):
+    """Tiny documents ``[(nq,) 2, 3, d]``; with ``corpus_classes``, also a set at the first size
     of each larger corpus class (:mod:`maxsim.tuning.tables`), which the same call shape would meet in
     traffic. The values do not matter: only the kernel variant the call compiles."""
-    from maxsim.dense.forward import _SKIP_PAD_MAX_LANES
-
     lead = (nq,) if candidates else ()
     yield torch.randn(*lead, 2, 3, d, device=device).to(dtype)
-    if long_docs:
-        yield torch.zeros(*lead, 2, _SKIP_PAD_MAX_LANES + 1, d, dtype=dtype, device=device)
     if corpus_classes:
         for tokens in (BIG_CORPUS_TOKENS, WS_ONE_BLOCK_MIN_TOKENS):
             n_docs = -(-tokens // (math.prod(lead) * _CLASS_DOC_LEN))

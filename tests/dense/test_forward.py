@@ -169,14 +169,21 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
             assert torch.equal(arg.long().cpu(), ref_arg)
 
 
+@pytest.mark.parametrize("lanes", [16, None], ids=["mask-row-in-pieces", "mask-row-at-once"])
 @pytest.mark.parametrize("layout", ["cross", "candidates"])
 @pytest.mark.parametrize("row_max", [False, True], ids=["running-max", "row-max"])
-def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max):
+def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max, lanes, monkeypatch):
     # Under the exclusion rule the kernel walks each document only up to its last real token.
     # Lengths on and around tile edges (BN = 16), empty documents, holes inside a document, NaN in
-    # the padding, a number mask and a bad value: scores and argmax equal the oracle's.
+    # the padding, a number mask and a bad value: scores and argmax equal the oracle's. With 16
+    # lanes, mask rows longer than that are read in pieces: last real tokens in each piece, an
+    # empty piece before a real one and after it.
     from maxsim.tuning.configs import ForwardConfig
-    from maxsim.dense.forward import _constexprs, _skip_pad_lanes, maxsim_forward
+    from maxsim.dense import forward
+    from maxsim.dense.forward import _constexprs, _mask_lanes, maxsim_forward
+
+    if lanes is not None:
+        monkeypatch.setattr(forward, "MASK_ROW_LANES", lanes)
 
     Nq, Nd, Lq, Ld, d = 2, 12, 9, 50, 24
     Q = small_ints(Nq, Lq, d)
@@ -184,12 +191,13 @@ def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max):
     lengths = torch.tensor([0, 1, 15, 16, 17, 31, 32, 33, 49, 50, 0, 7], device=KERNEL_DEVICE)
     d_mask = (torch.arange(Ld, device=KERNEL_DEVICE) < lengths[:, None]).expand(D.shape[:-1]).clone()
     d_mask[:, 8, 20:40] = False  # a hole: tiles inside it hold no real token, the walk goes on
+    d_mask[:, 10, 45] = True  # one real token, late: the pieces before it hold none
     D[~d_mask] = float("nan")  # never read, never a score
     D[:, 9, 47] = D[:, 9, 2]  # an exact tie across tiles
     q_mask = torch.rand(Nq, Lq, device=KERNEL_DEVICE) > 0.2
     cfg = ForwardConfig(BM=16, BN=16, BK=32, num_warps=4, num_stages=1, waves=1, row_max=row_max)
     assert _constexprs(cfg, d, 16, True, True, False, False, True, Q.dtype, False, False,
-                       skip_pad_lanes=_skip_pad_lanes(Ld, True, False))["SKIP_PAD"]
+                       mask_lanes=_mask_lanes(True, False))["MASK_LANES"] == (lanes or forward.MASK_ROW_LANES)
     D_view, dm_view = (D, d_mask) if layout == "candidates" else (D[0], d_mask[0])
     ref, ref_arg = oracle(Q, D_view.nan_to_num(0.0), q_mask, dm_view)
     out, arg = maxsim_forward(Q, D, q_mask, d_mask, save_argmax=True, config=cfg)
@@ -220,13 +228,11 @@ def test_padding_walk_with_many_documents_a_program():
 
 def test_padding_walk_only_where_it_holds():
     # Without a document mask there is no padding; under PyLate's rule a masked token still takes
-    # part in the max; a mask row wider than the registers hold takes the flat walk.
-    from maxsim.dense.forward import _SKIP_PAD_MAX_LANES, _skip_pad_lanes
+    # part in the max. The walk's variant does not depend on Ld (one compile for every length).
+    from maxsim.dense.forward import MASK_ROW_LANES, _mask_lanes
 
-    # One width for every length up to the limit: the compiled variant does not depend on Ld.
-    assert _skip_pad_lanes(300, True, False) == _skip_pad_lanes(3, True, False) == _SKIP_PAD_MAX_LANES
-    assert _skip_pad_lanes(300, False, False) == 0 and _skip_pad_lanes(300, True, True) == 0
-    assert _skip_pad_lanes(_SKIP_PAD_MAX_LANES + 1, True, False) == 0
+    assert _mask_lanes(True, False) == MASK_ROW_LANES > 0
+    assert _mask_lanes(False, False) == 0 and _mask_lanes(True, True) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -189,18 +189,29 @@ def _finish_doc(b_max, b_arg, b_wintile, b_seen, b_dbad, doc_real, j,
 
 
 @triton.jit
-def _mask_row(p_dm_row, Ld, live, LD_POW2: tl.constexpr):
-    """Loads one document's mask row ``[Ld]`` (nothing when not ``live``): its values, for
-    :func:`_extent_of`, so that the load can be issued a document ahead of its use."""
-    o_l = tl.arange(0, LD_POW2)
-    return tl.load(p_dm_row + o_l, mask=(o_l < Ld) & live, other=0)  # [LD_POW2]
+def _mask_row(p_dm_row, n, live, MASK_LANES: tl.constexpr):
+    """Loads the first ``min(n, MASK_LANES)`` values of a document's mask row (nothing when not
+    ``live``), for :func:`_doc_extent`: a load that can be issued a document ahead of its use."""
+    o_l = tl.arange(0, MASK_LANES)
+    return tl.load(p_dm_row + o_l, mask=(o_l < n) & live, other=0)  # [MASK_LANES]
 
 
 @triton.jit
-def _extent_of(b_v, LD_POW2: tl.constexpr):
-    """One past the last real token of a mask row (0 for a document with none)."""
-    o_l = tl.arange(0, LD_POW2)
+def _extent_of(b_v, MASK_LANES: tl.constexpr):
+    """One past the last nonzero value of a mask row piece (0 when it has none)."""
+    o_l = tl.arange(0, MASK_LANES)
     return tl.max(tl.where(b_v != 0, o_l + 1, 0), axis=0)
+
+
+@triton.jit
+def _doc_extent(b_first, p_dm_row, Ld, MASK_LANES: tl.constexpr):
+    """One past the last real token of a document (0 for one with none), from its first
+    ``MASK_LANES`` mask values ``b_first`` and, for longer documents, the rest read here."""
+    extent = _extent_of(b_first, MASK_LANES)
+    for c in range(MASK_LANES, Ld, MASK_LANES):
+        e = _extent_of(_mask_row(p_dm_row + c, Ld - c, True, MASK_LANES), MASK_LANES)
+        extent = tl.where(e > 0, c + e, extent)
+    return extent
 
 
 # Sizes vary call to call: no value specialisation (Triton would compile again for 1 or multiples
@@ -226,8 +237,8 @@ def _maxsim_fwd_kernel(
     FLOWING: tl.constexpr,  # SAVE_ARGMAX for the backward: a masked winner (MULTIPLY) is -1, no gradient
     QMASK_VALUES: tl.constexpr,  # a number q_mask: a value other than 0/1 makes its query's scores NaN
     DMASK_VALUES: tl.constexpr,  # the same for a number d_mask and its document's scores
-    SKIP_PAD: tl.constexpr,  # walk each document only up to its last real token (d_mask, exclusion)
-    LD_POW2: tl.constexpr,  # SKIP_PAD: a power of two >= Ld, the lanes of one mask row read at once
+    MASK_LANES: tl.constexpr,  # > 0: walk each document only up to its last real token (d_mask,
+                               # exclusion), reading its mask row this many tokens at a time
 ):
     NEG_INF: tl.constexpr = float("-inf")
     i_n, i_qgroup, i_chunk, o_q, o_s = stacked_rows(tl.program_id(0), Nq, n_chunks, BM, SEG)  # o_q, o_s: [BM]
@@ -289,15 +300,15 @@ def _maxsim_fwd_kernel(
     b_seen = tl.zeros([BN], dtype=tl.int32)  # any real token in this document so far (HAS_DMASK)
     b_dbad = tl.zeros([BN], dtype=tl.int32)  # any value other than 0/1 in it so far (DMASK_VALUES)
 
-    if SKIP_PAD:
+    if MASK_LANES > 0:
         # One document at a time, each walked only up to its last real token: padding past it is
-        # never loaded nor multiplied. The next document's mask row is loaded a document ahead,
-        # so its latency hides behind this one's tiles.
-        b_next = _mask_row(p_dm_base + doc0.to(tl.int64) * stride_dmn, Ld, n_docs > 0, LD_POW2)
+        # never loaded nor multiplied. The start of the next document's mask row is loaded a
+        # document ahead, so its latency hides behind this one's tiles.
+        b_next = _mask_row(p_dm_base + doc0.to(tl.int64) * stride_dmn, Ld, n_docs > 0, MASK_LANES)
         for jj in range(0, n_docs):
             j = doc0 + jj
-            n_real = tl.cdiv(_extent_of(b_next, LD_POW2), BN)
-            b_next = _mask_row(p_dm_base + (j + 1).to(tl.int64) * stride_dmn, Ld, jj + 1 < n_docs, LD_POW2)
+            n_real = tl.cdiv(_doc_extent(b_next, p_dm_base + j.to(tl.int64) * stride_dmn, Ld, MASK_LANES), BN)
+            b_next = _mask_row(p_dm_base + (j + 1).to(tl.int64) * stride_dmn, Ld, jj + 1 < n_docs, MASK_LANES)
             for i_t in range(0, n_real):
                 b_max, b_arg, b_wintile, b_seen, b_dbad = _fold_tile(
                     b_max, b_arg, b_wintile, b_seen, b_dbad, j, i_t,
@@ -433,7 +444,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, norma
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
                              Q.dtype, interpret, use_tma, precision, flowing and argmax is not None,
                              qm is not None and qm.dtype != torch.bool, dm is not None and dm.dtype != torch.bool,
-                             _skip_pad_lanes(Ld, dm is not None, multiply))
+                             _mask_lanes(dm is not None, multiply))
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
@@ -490,9 +501,9 @@ class _ForwardPlan:
 def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask: bool, multiply: bool,
                 normalize: bool, save_argmax: bool, dtype: torch.dtype, interpret: bool, use_tma: bool,
                 precision: str = "ieee", flowing: bool = False, qmask_values: bool = False,
-                dmask_values: bool = False, skip_pad_lanes: int = 0) -> dict:
+                dmask_values: bool = False, mask_lanes: int = 0) -> dict:
     """The kernel's constexprs for one variant (cached: built once, not on every call; read-only).
-    ``skip_pad_lanes``: :func:`_skip_pad_lanes`'s mask-row width, 0 for the flat walk."""
+    ``mask_lanes``: :func:`_mask_lanes`, 0 for the flat walk."""
     return dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, NUM_K=-(-d // cfg.BK), SEG=seg,
         HAS_QMASK=has_qmask, HAS_DMASK=has_dmask, MULTIPLY=multiply,
@@ -501,23 +512,21 @@ def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask
         DOT_UPCAST=interpret and dtype == torch.bfloat16,
         ROW_MAX=cfg.row_max, USE_TMA=use_tma, FLOWING=flowing,
         QMASK_VALUES=qmask_values, DMASK_VALUES=dmask_values,
-        SKIP_PAD=skip_pad_lanes > 0, LD_POW2=max(skip_pad_lanes, 1),
+        MASK_LANES=mask_lanes,
     )
 
 
-# Lanes of the mask row the padding-skipping walk reads at once (they stay in registers while the
-# previous document's tiles run). One width for every length up to it, so that the compiled
-# variant does not depend on Ld; longer documents take the flat walk.
-_SKIP_PAD_MAX_LANES = 2048
+# Tokens of a mask row the padding-skipping walk reads at once (the next document's first ones
+# stay in registers while the current document's tiles run; longer rows are read in more pieces).
+# One width for every length, so that the compiled variant does not depend on Ld.
+MASK_ROW_LANES = 512
 
 
-def _skip_pad_lanes(Ld: int, has_dmask: bool, multiply: bool) -> int:
-    """The mask-row lanes of the walk that stops at each document's last real token, or 0 for the
+def _mask_lanes(has_dmask: bool, multiply: bool) -> int:
+    """``MASK_ROW_LANES`` for the walk that stops at each document's last real token, or 0 for the
     flat walk over every tile: without a document mask there is no padding, and under PyLate's rule
     (``multiply``) a masked token still takes part in the max."""
-    if not has_dmask or multiply or Ld > _SKIP_PAD_MAX_LANES:
-        return 0
-    return _SKIP_PAD_MAX_LANES
+    return MASK_ROW_LANES if has_dmask and not multiply else 0
 
 
 def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
