@@ -43,11 +43,13 @@ def test_rule_depends_on_buckets_only():
 
 def test_corpus_class_changes_only_the_documented_buckets():
     big = T.BIG_CORPUS_TOKENS
-    # Stacked short queries at d=128 (Triton, masked so the Gluon kernel is out), one short query at
-    # d=64: TMA tiles on a big corpus only.
-    for nq, lq, d in [(32, 32, 128), (1, 32, 64)]:
-        small_c, big_c = (choice(nq, lq, d, tokens=t, masked=True) for t in (10_000, big))
-        assert big_c.config.tma and not small_c.config.tma
+    # Stacked short queries at d=128 (Triton, masked so the Gluon kernel is out): TMA tiles on a big
+    # corpus only. One short masked query at d=64: TMA tiles for both, the short walks' many
+    # resident programs on a small corpus, the streaming tile on a big one.
+    small_c, big_c = (choice(32, 32, 128, tokens=t, masked=True) for t in (10_000, big))
+    assert big_c.config.tma and not small_c.config.tma
+    small_c, big_c = (choice(1, 32, 64, tokens=t, masked=True) for t in (10_000, big))
+    assert small_c.config.tma and big_c.config.tma and small_c.config.waves > big_c.config.waves
     for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (1, 32, 128), (1, 128, 128), (32, 32, 768), (32, 32, 64)]:
         assert choice(nq, lq, d, tokens=big, masked=True).config == choice(nq, lq, d, masked=True).config
     assert choice(32, 32, 128, argmax=True, tokens=big, masked=True).config == \

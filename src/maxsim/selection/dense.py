@@ -33,14 +33,14 @@ def query_rows_per_token(Q: torch.Tensor, D: torch.Tensor) -> int:
 
 
 def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool, big: bool,
-             long_corpus: bool = False, precision: str = "ieee") -> dict:
+             long_corpus: bool = False, precision: str = "ieee", masked: bool = False) -> dict:
     """The bucketed features the forward tables match on. ``dtype``: "16bit", "fp32" (IEEE / TF32
     dots) or "fp32-fp16x3" (fp32 tiles split on chip, ``precision`` "fp16x3": bandwidth tiles)."""
     seg = next_pow2(max(Lq, 1))
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     word = "16bit" if dtype != torch.float32 else ("fp32-fp16x3" if precision == "fp16x3" else "fp32")
     return dict(dtype=word, d=d, rows=rows, seg=seg, big_corpus=big,
-                argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus)
+                argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus, masked=masked)
 
 
 def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bool, argmax: bool,
@@ -70,7 +70,7 @@ def _forward_choice(nq_bucket, seg, d, dtype, candidates, masked, normalize, arg
 
 def _decide(nq_bucket, seg, d, dtype, candidates, masked, normalize, argmax, big, long_corpus, precision, tokens,
             family, ws_note) -> Choice:
-    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus, precision)
+    f = features(nq_bucket, seg, d, dtype, candidates, argmax, big, long_corpus, precision, masked)
     layout = "candidates" if candidates else "cross"
     notes = ((specs.WARP_SPECIALIZED_FORWARD.name, ws_note),) if ws_note else ()
     call = call_of(dtype, d, layout, masked, normalize, argmax, family, notes)

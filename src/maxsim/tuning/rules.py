@@ -25,6 +25,7 @@ class When:
     argmax (training).  candidates: per-query candidate lists.  lq: the query length.
     scatter: the backward adds grad_D by atomics (unified).  per_row: entries per grad_D row.
     row_blocks: how many query row blocks read (and, in the fused head, project) each document tile.
+    masked: the call has a query or document mask (documents then walk only to their last real token).
     """
 
     dtype: str | None = None
@@ -39,6 +40,7 @@ class When:
     scatter: bool | None = None
     per_row: tuple[float, float] | None = None
     row_blocks: tuple[int, int] | None = None
+    masked: bool | None = None
 
     def holds(self, features: dict) -> bool:
         for name, want in self.__dict__.items():
