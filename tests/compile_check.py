@@ -151,6 +151,13 @@ def dense_forward_variants():
         yield f"fwd fp32 fp16x3 BM={bm} BN={bn} BK={bk} w{warps} s{stages}", \
             dict(base, BM=bm, BN=bn, BK=bk, NUM_K=128 // bk, SEG=32, DOT_PRECISION="fp16x3", ROW_MAX=False,
                  HAS_DMASK=True), dict(ptrs, q_ptr="fp32", d_ptr="fp32"), warps, stages
+    # ... and through TMA (the shipped tile: row max, one document at a time to its last real token),
+    # for a 32- and a 48-token query, a d = 768 K-loop, and the products asked for by name.
+    for bm, num_k, precision in ((32, 1, "fp16x3"), (64, 1, "fp16x3"), (32, 6, "fp16x3"), (32, 1, "tf32x3"),
+                                 (32, 1, "tf32")):
+        yield f"fwd fp32 {precision} TMA walk BM={bm} NUM_K={num_k}", \
+            *tma(dict(base, BM=bm, BN=64, BK=128, NUM_K=num_k, SEG=bm, DOT_PRECISION=precision, HAS_QMASK=True,
+                      HAS_DMASK=True, MASK_LANES=MASK_ROW_LANES), "fp32"), 4, 3
 
 
 def backward_variants():

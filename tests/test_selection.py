@@ -56,6 +56,23 @@ def test_corpus_class_changes_only_the_documented_buckets():
         choice(32, 32, 128, argmax=True, masked=True).config
 
 
+def test_fp32_products_choose_their_own_tiles():
+    # fp32 tiles read through TMA where few query rows share a document token: the on-chip split
+    # (fp16x3) for one query and candidate lists, one TF32 product (tf32) on its leaner tile; the
+    # IEEE dots, and many-row TF32 calls, keep the pointer tile.
+    def fp32(nq, lq, precision, candidates=False):
+        Q = torch.empty(nq, lq, 128, dtype=torch.float32, device="meta")
+        D = torch.empty(nq if candidates else 1, 100, 180, 128, dtype=torch.float32, device="meta")
+        return select.forward_choice(Q, D, True, False, False, family="sm90", precision=precision)
+
+    split, tf32, ieee = (fp32(1, 32, p) for p in ("fp16x3", "tf32", "ieee"))
+    assert split.config.tma and tf32.config.tma and not ieee.config.tma
+    assert tf32.config.BN < split.config.BN and tf32.rule != split.rule != ieee.rule
+    assert fp32(16, 32, "fp16x3", candidates=True).config == split.config  # a candidate list: rows of one query
+    assert fp32(1, 48, "tf32").config.tma and fp32(1, 48, "tf32").config.BM == 64  # a 48-token query
+    assert not fp32(16, 32, "tf32").config.tma  # 512 stacked rows: the product, not the read, sets the pace
+
+
 def test_warp_specialized_kernel_only_where_it_was_measured_faster():
     big = T.BIG_CORPUS_TOKENS
     for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (32, 32, 128)]:

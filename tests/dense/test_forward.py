@@ -278,7 +278,10 @@ def test_tma_only_where_a_descriptor_describes_d():
     cfg = ForwardConfig(BM=128, BN=128, BK=128, num_warps=4, num_stages=2, row_max=True, tma=True)
     D = torch.zeros(3, 5, 7, 64, dtype=torch.bfloat16)
     assert _tma_ready(D, cfg) and _tma_ready(D[:1], cfg) and _tma_ready(D[:, 1:3], cfg)
-    assert not _tma_ready(D.float(), cfg)  # fp32 dots keep their own path
+    assert _tma_ready(D.float(), cfg)  # fp32 tiles too (the on-chip split reads them through TMA)
+    assert not _tma_ready(torch.zeros(3, 5, 7, 62), cfg)  # fp32 rows of 248 bytes: not 16-byte aligned
+    assert _tma_ready(torch.zeros(3, 5, 7, 60), cfg)  # 240 bytes: aligned
+    assert not _tma_ready(D.to(torch.int8), cfg)  # one-byte codes: the compressed kernels' own path
     assert not _tma_ready(D[:, :, 1:], cfg)  # tokens of one group are not one run of rows
     assert not _tma_ready(D[..., 1:], cfg)  # rows of 63 elements: not 16-byte aligned
     flat = torch.zeros(3 * 5 * 7 * 64 + 1, dtype=torch.bfloat16)

@@ -530,14 +530,15 @@ def _mask_lanes(has_dmask: bool, multiply: bool) -> int:
 
 
 def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:
-    """Whether D's tiles can come through TMA: 16-bit elements, each query group's tokens one
-    strided run of rows ``[Nd*Ld, d]`` (stride_dn == Ld * stride_dl) with 16-byte aligned rows, and
-    row coordinates that fit int32. Anything else takes the pointer path (same results)."""
+    """Whether D's tiles can come through TMA: 16-bit or fp32 elements, each query group's tokens
+    one strided run of rows ``[Nd*Ld, d]`` (stride_dn == Ld * stride_dl) with 16-byte aligned rows,
+    and row coordinates that fit int32. Anything else takes the pointer path (same results)."""
     G, Nd, Ld, d = D.shape
+    per_16_bytes = 16 // D.element_size()
     return (
-        D.element_size() == 2
+        D.element_size() in (2, 4)
         and (Nd == 1 or D.stride(1) == Ld * D.stride(2))
-        and D.stride(2) % 8 == 0 and (G == 1 or D.stride(0) % 8 == 0)
+        and D.stride(2) % per_16_bytes == 0 and (G == 1 or D.stride(0) % per_16_bytes == 0)
         and D.data_ptr() % 16 == 0 and Nd * Ld + cfg.BN < 2**31
     )
 

@@ -40,7 +40,8 @@ def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, arg
     rows = seg if candidates else seg * next_pow2(max(Nq, 1))
     word = "16bit" if dtype != torch.float32 else ("fp32-fp16x3" if precision == "fp16x3" else "fp32")
     return dict(dtype=word, d=d, rows=rows, seg=seg, big_corpus=big,
-                argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus, masked=masked)
+                argmax=argmax, candidates=candidates, lq=Lq, long_corpus=long_corpus, masked=masked,
+                precision=precision if dtype == torch.float32 else None)
 
 
 def forward_choice(Q: torch.Tensor, D: torch.Tensor, masked: bool, normalize: bool, argmax: bool,

@@ -25,7 +25,9 @@ class When:
     argmax (training).  candidates: per-query candidate lists.  lq: the query length.
     scatter: the backward adds grad_D by atomics (unified).  per_row: entries per grad_D row.
     row_blocks: how many query row blocks read (and, in the fused head, project) each document tile.
-    masked: the call has a query or document mask (documents then walk only to their last real token).
+    masked: the call has a query or document mask (with a document mask under the exclusion rule,
+    documents walk only to their last real token; a query mask alone or PyLate's rule walks every tile).
+    precision: the product fp32 tiles take (``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fp16x3"``).
     """
 
     dtype: str | None = None
@@ -41,6 +43,7 @@ class When:
     per_row: tuple[float, float] | None = None
     row_blocks: tuple[int, int] | None = None
     masked: bool | None = None
+    precision: str | None = None
 
     def holds(self, features: dict) -> bool:
         for name, want in self.__dict__.items():

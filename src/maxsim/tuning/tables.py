@@ -71,7 +71,16 @@ DENSE_FORWARD_WS_SM90 = (
 _T = dict  # (readability)
 DENSE_FORWARD_SM90 = (
     Rule("fp32 split on chip into fp16 terms (few rows a document token: bandwidth)", When(dtype="fp32-fp16x3"),
-         _T(BM="rows<=64", BN=64, BK="d<=128", num_warps=4, num_stages=3)),
+         _T(BM="rows<=64", BN=64, BK="d<=128", num_warps=4, num_stages=3, waves=4, row_max=True, tma=True),
+         record="results/fp32-tma-sweep-20261204-1630.log"),
+    Rule("fp32, one TF32 product, few rows a document token (bandwidth)",
+         When(dtype="fp32", precision="tf32", rows=(1, 32), d=(1, 128)),
+         _T(BM="rows<=32", BN=32, BK="d<=128", num_warps=2, num_stages=3, waves=8, row_max=True, tma=True),
+         record="results/fp32-tma-sweep-20261204-1630.log"),
+    Rule("fp32, one TF32 product, 33-64 rows a document token (bandwidth)",
+         When(dtype="fp32", precision="tf32", rows=(33, 64), d=(1, 128)),
+         _T(BM="rows<=64", BN=32, BK="d<=128", num_warps=4, num_stages=3, waves=8, row_max=True, tma=True),
+         record="results/fp32-tma-sweep-20261204-1630.log"),
     Rule("fp32 (IEEE dots on the FMA units)", When(dtype="fp32"),
          _T(BM="rows<=128", BN=32, BK="d<=64", num_warps=4, num_stages=2)),
     Rule("d > 128, >= 128 rows, argmax", When(d=(129, INF), rows=(128, INF), argmax=True),
