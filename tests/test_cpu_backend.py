@@ -327,15 +327,63 @@ def test_long_documents_one_gemm_each_match_the_oracle(monkeypatch, dtype, layou
     assert torch.equal(got[:, 1], torch.zeros(3))
 
 
-def test_short_documents_stay_on_the_blocked_engine(monkeypatch):
+def test_short_packed_documents_stay_on_the_blocked_engine(monkeypatch):
     from maxsim.cpu import varlen as cpu_varlen
 
     monkeypatch.setattr(cpu_varlen, "per_document_scores", lambda *a: pytest.fail("per-document path taken"))
     docs = [rand(n, 16) for n in (3, 9, 1, 30)]  # 10.75 tokens on average
     queries = [rand(4, 16)]
+    d, cu_d, _ = maxsim.pack(docs)
+    q, cu_q, _ = maxsim.pack(queries)
     Qp, qm = maxsim.pad(queries)
     Dp, dm = maxsim.pad(docs)
-    assert rel_err(maxsim.maxsim_varlen(queries, docs), oracle(Qp, Dp, qm, dm)[0]) < 1e-6
+    assert rel_err(maxsim.maxsim_varlen(q, d, cu_q, cu_d), oracle(Qp, Dp, qm, dm)[0]) < 1e-6
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_short_listed_documents_are_never_packed_whole(monkeypatch, compiled):
+    # A list of short documents is scored a task at a time (one GEMM over the task's items, a max
+    # per item), compiled by TorchScript or as Python: the list itself is never packed.
+    from maxsim.cpu import varlen as cpu_varlen
+    from maxsim.varlen import ops
+
+    if not compiled:
+        monkeypatch.setattr(cpu_varlen, "_document_loops", lambda: (cpu_varlen._rowmax_listed, cpu_varlen._rowmax_packed))
+    docs = [rand(n, 16) for n in (3, 9, 1, 30, 0)]
+    docs[2] = docs[2].clone()
+    docs[2][0, 5] = float("nan")
+    queries = [rand(4, 16), rand(2, 16)]
+    Qp, qm = maxsim.pad(queries)
+    Dp, dm = maxsim.pad(docs)
+    want = oracle(Qp, Dp, qm, dm)[0]
+    packs = []
+    real_pack = ops.pack
+    monkeypatch.setattr(ops, "pack", lambda seqs: packs.append(len(list(seqs))) or real_pack(seqs))
+    got = maxsim.maxsim_varlen(queries, docs)
+    assert packs == [len(queries)]  # the queries only
+    assert torch.isnan(got[:, 2]).all() and torch.equal(got[:, 4], torch.zeros(2))
+    keep = [0, 1, 3, 4]
+    assert rel_err(got[:, keep], want[:, keep]) < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["list", "short list", "packed"])
+def test_compiled_and_python_document_loops_give_the_same_bits(monkeypatch, layout):
+    from maxsim.cpu import varlen as cpu_varlen
+
+    lengths = (40, 0, 300, 64, 51) if layout != "short list" else (3, 0, 12, 7, 1)
+    docs = [rand(n, 24) for n in lengths]  # 300 > 8 x 5 query rows: the other orientation
+    queries = [rand(5, 24)]
+
+    def scores():
+        if layout != "packed":
+            return maxsim.maxsim_varlen(queries, docs)
+        d, cu_d, _ = maxsim.pack(docs)
+        q, cu_q, _ = maxsim.pack(queries)
+        return maxsim.maxsim_varlen(q, d, cu_q, cu_d)
+
+    first = scores()
+    monkeypatch.setattr(cpu_varlen, "_document_loops", lambda: (cpu_varlen._rowmax_listed, cpu_varlen._rowmax_packed))
+    assert torch.equal(scores(), first)
 
 
 def test_a_list_with_a_gradient_takes_the_packed_path():

@@ -232,15 +232,13 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
 
 def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
     """Documents given as a checked list (:func:`~maxsim.varlen.packing.check_sequences`), scored by
-    the CPU backend without a gradient: one GEMM a list item where they are long enough
-    (:func:`maxsim.cpu.varlen.cross_per_document`), so the list is never packed (a copy of every
+    the CPU backend without a gradient, from the items where they lie
+    (:func:`maxsim.cpu.varlen.cross_per_document`): the list is never packed whole (a copy of every
     token). None where the packed path scores instead."""
-    from maxsim.cpu.varlen import cross_per_document, long_documents
+    from maxsim.cpu.varlen import cross_per_document
 
     first = documents[0]
     if first.device.type != "cpu" or backend_for(first.device) != "reference" or pytorch_backend() != "cpu":
-        return None
-    if not long_documents(sum(x.shape[0] for x in documents), len(documents)):
         return None
     queries_need_grad = any(x.requires_grad for x in q) if isinstance(q, (list, tuple)) else getattr(
         q, "requires_grad", False)
@@ -252,7 +250,7 @@ def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
     q_ok = _checks.sequences_valid(cu_q, q.shape[0], max_q)  # [Nq]
     q_start, q_len = _emptied(cu_q, q_ok)
     with torch.no_grad():
-        scores = cross_per_document(q, q_start, q_len, documents.__getitem__, len(documents))  # [Nq, Nd]
+        scores = cross_per_document(q, q_start, q_len, list(documents), len(documents))  # [Nq, Nd]
     return torch.where(q_ok[:, None], scores, torch.full((), float("nan")))
 
 
