@@ -344,11 +344,12 @@ def test_short_packed_documents_stay_on_the_blocked_engine(monkeypatch):
 def test_short_listed_documents_are_never_packed_whole(monkeypatch, compiled):
     # A list of short documents is scored a task at a time (one GEMM over the task's items, a max
     # per item), compiled by TorchScript or as Python: the list itself is never packed.
-    from maxsim.cpu import varlen as cpu_varlen
+    from maxsim.cpu import per_document as cpu_per_document
     from maxsim.varlen import ops
 
     if not compiled:
-        monkeypatch.setattr(cpu_varlen, "_document_loops", lambda: (cpu_varlen._rowmax_listed, cpu_varlen._rowmax_packed))
+        monkeypatch.setattr(cpu_per_document, "_document_loops",
+                            lambda: (cpu_per_document._rowmax_listed, cpu_per_document._rowmax_packed))
     docs = [rand(n, 16) for n in (3, 9, 1, 30, 0)]
     docs[2] = docs[2].clone()
     docs[2][0, 5] = float("nan")
@@ -366,15 +367,18 @@ def test_short_listed_documents_are_never_packed_whole(monkeypatch, compiled):
     assert rel_err(got[:, keep], want[:, keep]) < 1e-6
 
 
-@pytest.mark.parametrize("layout", ["list", "short list", "packed"])
+@pytest.mark.parametrize("layout", ["list", "short list", "packed", "padded"])
 def test_compiled_and_python_document_loops_give_the_same_bits(monkeypatch, layout):
-    from maxsim.cpu import varlen as cpu_varlen
+    from maxsim.cpu import per_document as cpu_per_document
 
     lengths = (40, 0, 300, 64, 51) if layout != "short list" else (3, 0, 12, 7, 1)
     docs = [rand(n, 24) for n in lengths]  # 300 > 8 x 5 query rows: the other orientation
     queries = [rand(5, 24)]
 
     def scores():
+        if layout == "padded":
+            (Qp, qm), (Dp, dm) = maxsim.pad(queries), maxsim.pad(docs)
+            return maxsim.maxsim(Qp, Dp, qm, dm)
         if layout != "packed":
             return maxsim.maxsim_varlen(queries, docs)
         d, cu_d, _ = maxsim.pack(docs)
@@ -382,8 +386,34 @@ def test_compiled_and_python_document_loops_give_the_same_bits(monkeypatch, layo
         return maxsim.maxsim_varlen(q, d, cu_q, cu_d)
 
     first = scores()
-    monkeypatch.setattr(cpu_varlen, "_document_loops", lambda: (cpu_varlen._rowmax_listed, cpu_varlen._rowmax_packed))
+    monkeypatch.setattr(cpu_per_document, "_document_loops",
+                        lambda: (cpu_per_document._rowmax_listed, cpu_per_document._rowmax_packed))
     assert torch.equal(scores(), first)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_padded_long_documents_under_prefix_masks_take_the_per_document_path(monkeypatch, dtype):
+    # maxsim.maxsim on the CPU: long documents whose masks are prefixes (or no mask) are scored one
+    # GEMM each from the padded rows; masks with holes, the argmax and normalize keep the engine.
+    from maxsim.cpu import dense as cpu_dense
+
+    docs = [rand(n, 24, dtype=dtype) for n in (40, 0, 33, 700, 64)]
+    queries = [rand(n, 24, dtype=dtype) for n in (5, 3)]
+    Qp, qm = maxsim.pad(queries)
+    Dp, dm = maxsim.pad(docs)
+    want = oracle(Qp, Dp, qm, dm)[0]
+    calls = []
+    real = cpu_dense.per_document_scores
+    monkeypatch.setattr(cpu_dense, "per_document_scores", lambda *a: calls.append(1) or real(*a))
+    got = maxsim.maxsim(Qp, Dp, qm, dm)
+    assert calls == [1] and rel_err(got, want) < 1e-6 and torch.equal(got[:, 1], torch.zeros(2))
+    assert rel_err(maxsim.maxsim(Qp, Dp[:, :64]), oracle(Qp, Dp[:, :64])[0]) < 1e-6 and calls == [1, 1]  # no masks
+    holes = dm.clone()
+    holes[0, 3] = False
+    for call in (lambda: maxsim.maxsim(Qp, Dp, qm, holes), lambda: maxsim.maxsim(Qp, Dp, qm, dm, return_argmax=True),
+                 lambda: maxsim.maxsim(Qp, Dp, qm, dm, normalize=True)):
+        call()
+    assert calls == [1, 1]
 
 
 def test_a_list_with_a_gradient_takes_the_packed_path():

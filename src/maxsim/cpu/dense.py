@@ -18,6 +18,7 @@ import torch
 
 from maxsim import _checks
 from maxsim.cpu.engine import DEFAULT_CHUNK_BYTES, GatheredPlan, UniformPlan, rowmax_scores
+from maxsim.cpu.per_document import long_documents, per_document_scores
 
 # Scratch of one backward chunk (the gathered winners [Nq, b, Lq, d] fp32).
 _BACKWARD_CHUNK_BYTES = 64 * 2**20
@@ -49,12 +50,18 @@ def _score_one_set(Qf, docs, qm, dm, multiply, normalize, want_argmax, budget):
             rows = rows.index_select(0, row_ids)
             row_query = row_ids // Lq
         if dm is None:
+            lengths, prefix = None, True
             plan = UniformPlan(Nd, Ld)
         else:
             lengths = dm.sum(-1)  # [Nd]
             prefix = torch.equal(dm, torch.arange(Ld, device=dm.device)[None, :] < lengths[:, None])
             start = torch.arange(Nd, device=docs.device) * Ld
             plan = GatheredPlan(start, lengths, None if prefix else dm)
+        real = Nd * Ld if lengths is None else int(lengths.sum())
+        if prefix and not (want_argmax or normalize) and docs.device.type == "cpu" and long_documents(real, Nd):
+            # Long documents, each a prefix of its row: one GEMM each, straight from the rows.
+            lens = [Ld] * Nd if lengths is None else lengths.tolist()
+            return per_document_scores(rows, row_query, n, (tokens, list(range(0, Nd * Ld, Ld)), lens), Nd), None
     scores_t, arg_t = rowmax_scores(rows, row_query, n, tokens, plan, normalize=normalize,
                                     want_argmax=want_argmax, q_mul_mask=q_mul, chunk_bytes=budget)
     scores = scores_t.t()

@@ -1,0 +1,108 @@
+"""The CPU backend's per-document path: one GEMM a document, read from where it lies (a list's
+items, packed rows, or a padded tensor's rows), no gather and no padding (docs/cpu.md)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import List
+
+import torch
+
+from maxsim.cpu.engine import _query_sums, _run_chunks
+
+# Documents at least this long on average are scored one GEMM each, straight from where they lie
+# (a packed tensor's rows, a list's items, a padded tensor's rows under prefix masks): no gather,
+# no padding. Shorter packed ones go to the
+# blocked engine, where a GEMM's fixed cost is shared by many documents; shorter list items are
+# copied together a task at a time for one GEMM (docs/cpu.md has the measurements).
+PER_DOCUMENT_MIN_MEAN = 32
+# Documents per task of the per-document path: enough tasks that two cores balance.
+_DOCUMENTS_PER_TASK = 256
+# A document longer than this many times the query rows is multiplied as Q D^T rather than D Q^T.
+_WIDE_PRODUCT = 8
+
+
+def long_documents(total_tokens: int, n_documents: int) -> bool:
+    """Whether packed documents take the per-document path (PER_DOCUMENT_MIN_MEAN tokens a document
+    or more)."""
+    return n_documents > 0 and total_tokens >= PER_DOCUMENT_MIN_MEAN * n_documents
+
+
+def _rowmax_into(best: torch.Tensor, j: int, tokens: torch.Tensor, q_rows: torch.Tensor, q_t: torch.Tensor,
+                 wide: int) -> None:
+    """best[j] = the max over document ``tokens [L, dim]`` of each query row's products."""
+    if tokens.shape[0] > 0:
+        if tokens.dtype != torch.float32:
+            tokens = tokens.float()
+        if tokens.shape[0] > wide:  # a long document (a page): [R, L], BLAS's better orientation there
+            torch.amax(torch.mm(q_rows, tokens.t()), 1, out=best[j])
+        else:
+            torch.amax(torch.mm(tokens, q_t), 0, out=best[j])  # [L, R]
+
+
+def _rowmax_listed(docs: List[torch.Tensor], q_rows: torch.Tensor, q_t: torch.Tensor, best: torch.Tensor,
+                   wide: int, short: int) -> None:
+    """:func:`_rowmax_into` for every item of ``docs`` into the rows of ``best``. Items shorter than
+    ``short`` tokens on average are copied together (a small, cache-resident copy) for one GEMM and
+    a max per item: a call an item would cost more than its products."""
+    lengths = [t.shape[0] for t in docs]
+    if sum(lengths) < short * len(docs):
+        x = torch.cat(docs)  # [T, dim]
+        x = x if x.dtype == torch.float32 else x.float()
+        n = torch.tensor(lengths, dtype=torch.long)  # [B]
+        m = torch.segment_reduce(torch.mm(x, q_t), "max", lengths=n, axis=0)  # [B, R]; NaN propagates
+        best.copy_(torch.where((n > 0)[:, None], m, torch.zeros((), dtype=m.dtype)))  # an empty item: 0
+    else:
+        for j in range(len(docs)):
+            _rowmax_into(best, j, docs[j], q_rows, q_t, wide)
+
+
+def _rowmax_packed(d: torch.Tensor, starts: List[int], lengths: List[int], q_rows: torch.Tensor,
+                   q_t: torch.Tensor, best: torch.Tensor, wide: int) -> None:
+    """:func:`_rowmax_into` for the packed documents at rows ``starts[j]``, ``lengths[j]`` of d."""
+    for j in range(len(starts)):
+        _rowmax_into(best, j, d.narrow(0, starts[j], lengths[j]), q_rows, q_t, wide)
+
+
+@functools.cache
+def _document_loops():
+    """The two loops compiled by TorchScript where it is available: the per-document loop then runs
+    without the Python interpreter (a few microseconds an op less, which is most of a short
+    document's time) and with the GIL released, so the CPU workers run side by side. Where
+    TorchScript is gone (it is deprecated), the same functions run as Python."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.jit.script(_rowmax_listed), torch.jit.script(_rowmax_packed)
+    except Exception:  # noqa: BLE001 (any failure to compile leaves the Python loops, same results)
+        return _rowmax_listed, _rowmax_packed
+
+
+def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries: int, documents,
+                        n_documents: int) -> torch.Tensor:
+    """Scores ``[n_queries, n_documents]`` fp32, one GEMM a document, from where the documents lie:
+    ``documents`` is a list of ``[L_j, dim]`` tensors, or ``(d [T, dim], starts, lengths)`` packed
+    rows (two lists of ints). ``q_rows [R, dim]`` fp32 every query token, ``row_query [R]`` its
+    query. Max over the document's tokens (NaN propagates), sum over each query's rows; an empty
+    document scores 0. Tasks of ``_DOCUMENTS_PER_TASK`` documents run on the CPU workers (one
+    thread an op: these GEMMs are too small to share)."""
+    q_t = q_rows.t().contiguous()  # [dim, R]
+    R = q_rows.shape[0]
+    best = torch.zeros(n_documents, R, dtype=torch.float32)  # [Nd, R]
+    listed, packed = _document_loops()
+    # Each task hands over only its own documents (TorchScript converts a list argument whole).
+    if isinstance(documents, list):
+        def work(task: range) -> None:
+            listed(documents[task.start:task.stop], q_rows, q_t, best[task.start:task.stop], _WIDE_PRODUCT * R,
+                   PER_DOCUMENT_MIN_MEAN)
+    else:
+        d, starts, lengths = documents
+
+        def work(task: range) -> None:
+            packed(d, starts[task.start:task.stop], lengths[task.start:task.stop], q_rows, q_t,
+                   best[task.start:task.stop], _WIDE_PRODUCT * R)
+
+    tasks = [range(a, min(n_documents, a + _DOCUMENTS_PER_TASK)) for a in range(0, n_documents, _DOCUMENTS_PER_TASK)]
+    _run_chunks(work, tasks, torch.get_num_threads(), True, mode="workers")
+    return _query_sums(best, row_query, n_queries).t()
