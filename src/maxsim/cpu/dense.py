@@ -49,19 +49,17 @@ def _score_one_set(Qf, docs, qm, dm, multiply, normalize, want_argmax, budget):
             row_ids = torch.nonzero(qm.reshape(-1)).flatten()  # [R] real query tokens only
             rows = rows.index_select(0, row_ids)
             row_query = row_ids // Lq
-        if dm is None:
-            lengths, prefix = None, True
-            plan = UniformPlan(Nd, Ld)
-        else:
-            lengths = dm.sum(-1)  # [Nd]
-            prefix = torch.equal(dm, torch.arange(Ld, device=dm.device)[None, :] < lengths[:, None])
-            start = torch.arange(Nd, device=docs.device) * Ld
-            plan = GatheredPlan(start, lengths, None if prefix else dm)
-        real = Nd * Ld if lengths is None else int(lengths.sum())
-        if prefix and not (want_argmax or normalize) and docs.device.type == "cpu" and long_documents(real, Nd):
+        lengths = None if dm is None else dm.sum(-1)  # [Nd]
+        prefix = dm is None or torch.equal(dm, torch.arange(Ld, device=dm.device)[None, :] < lengths[:, None])
+        if prefix and not (want_argmax or normalize) and docs.device.type == "cpu":
             # Long documents, each a prefix of its row: one GEMM each, straight from the rows.
             lens = [Ld] * Nd if lengths is None else lengths.tolist()
-            return per_document_scores(rows, row_query, n, (tokens, list(range(0, Nd * Ld, Ld)), lens), Nd), None
+            if long_documents(sum(lens), Nd):
+                return per_document_scores(rows, row_query, n, (tokens, list(range(0, Nd * Ld, Ld)), lens), Nd), None
+        if dm is None:
+            plan = UniformPlan(Nd, Ld)
+        else:
+            plan = GatheredPlan(torch.arange(Nd, device=docs.device) * Ld, lengths, None if prefix else dm)
     scores_t, arg_t = rowmax_scores(rows, row_query, n, tokens, plan, normalize=normalize,
                                     want_argmax=want_argmax, q_mul_mask=q_mul, chunk_bytes=budget)
     scores = scores_t.t()

@@ -13,9 +13,9 @@ from maxsim.cpu.engine import _query_sums, _run_chunks
 
 # Documents at least this long on average are scored one GEMM each, straight from where they lie
 # (a packed tensor's rows, a list's items, a padded tensor's rows under prefix masks): no gather,
-# no padding. Shorter packed ones go to the
-# blocked engine, where a GEMM's fixed cost is shared by many documents; shorter list items are
-# copied together a task at a time for one GEMM (docs/cpu.md has the measurements).
+# no padding. Shorter packed or padded ones go to the blocked engine, where a GEMM's fixed cost is
+# shared by many documents; shorter list items are copied together a task at a time for one GEMM
+# (docs/cpu.md has the measurements).
 PER_DOCUMENT_MIN_MEAN = 32
 # Documents per task of the per-document path: enough tasks that two cores balance.
 _DOCUMENTS_PER_TASK = 256
@@ -24,8 +24,8 @@ _WIDE_PRODUCT = 8
 
 
 def long_documents(total_tokens: int, n_documents: int) -> bool:
-    """Whether packed documents take the per-document path (PER_DOCUMENT_MIN_MEAN tokens a document
-    or more)."""
+    """Whether packed or padded documents take the per-document path (PER_DOCUMENT_MIN_MEAN real
+    tokens a document or more on average; list items always do)."""
     return n_documents > 0 and total_tokens >= PER_DOCUMENT_MIN_MEAN * n_documents
 
 
