@@ -130,6 +130,10 @@ def dense_forward_variants():
     yield "fwd TMA ColPali-long", *tma(dict(base, BM=256, BN=64, SEG=256)), 8, 3
     yield "fwd TMA one query d=64 (big corpus)", *tma(dict(base, BM=32, BN=128, BK=64, ROW_MAX=False)), 4, 4
     yield "fwd TMA d=768", *tma(dict(base, BM=128, BN=128, BK=64, NUM_K=12, SEG=32)), 8, 3
+    # Widths between the tiles: d 96 in a 128-wide box (TMA zero-fills), d 320 in five 64-wide chunks.
+    yield "fwd TMA one query d=96 (box wider than the row)", *tma(dict(base, BM=32, BN=128, EVEN_K=False,
+                                                                        ROW_MAX=False)), 4, 3
+    yield "fwd TMA one query d=320 (BK=64)", *tma(dict(base, BM=32, BN=128, BK=64, NUM_K=5)), 4, 4
     yield "fwd TMA argmax masks+multiply+normalize", *tma(dict(base, BM=64, BN=128, SEG=64, SAVE_ARGMAX=True, HAS_QMASK=True,
                                                            HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), "bf16"), 4, 3
     # The widest embeddings (d 2560 / 4096: the selection's K-loop tile, 128-wide chunks).
