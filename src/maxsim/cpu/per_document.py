@@ -50,9 +50,11 @@ def _rowmax_listed(docs: List[torch.Tensor], q_rows: torch.Tensor, q_t: torch.Te
     if sum(lengths) < short * len(docs):
         x = torch.cat(docs)  # [T, dim]
         x = x if x.dtype == torch.float32 else x.float()
-        n = torch.tensor(lengths, dtype=torch.long)  # [B]
-        m = torch.segment_reduce(torch.mm(x, q_t), "max", lengths=n, axis=0)  # [B, R]; NaN propagates
-        best.copy_(torch.where((n > 0)[:, None], m, torch.zeros((), dtype=m.dtype)))  # an empty item: 0
+        owner = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(lengths, dtype=torch.long))  # [T]
+        products = torch.mm(x, q_t)  # [T, R]
+        # each item's max over its own rows (NaN propagates); an empty item keeps best's 0
+        best.zero_().scatter_reduce_(0, owner[:, None].expand(-1, products.shape[1]), products, "amax",
+                                     include_self=False)
     else:
         for j in range(len(docs)):
             _rowmax_into(best, j, docs[j], q_rows, q_t, wide)
