@@ -73,6 +73,19 @@ def test_fp32_products_choose_their_own_tiles():
     assert not fp32(16, 32, "tf32").config.tma  # 512 stacked rows: the product, not the read, sets the pace
 
 
+def test_widths_between_the_tiles_read_through_tma():
+    # One query at d 96 reads its 128-wide box through TMA (zero fill, not masked loads); d 320
+    # takes whole 64-wide chunks through TMA; d 128 and the widest keep the pointer tiles that
+    # measured faster there.
+    tokens = 3 * 10**6
+    d96, d320 = choice(1, 32, 96, tokens=tokens), choice(1, 32, 320, tokens=tokens)
+    assert d96.config.tma and d96.config.BK == 128
+    assert d320.config.tma and d320.config.BK == 64 and 320 % d320.config.BK == 0
+    for d in (128, 2560, 4096):
+        assert not choice(1, 32, d, tokens=tokens).config.tma
+    assert choice(1, 32, 96, tokens=tokens, masked=True).rule != d96.rule  # masked reranks: their own rule
+
+
 def test_warp_specialized_kernel_only_where_it_was_measured_faster():
     big = T.BIG_CORPUS_TOKENS
     for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (32, 32, 128)]:
