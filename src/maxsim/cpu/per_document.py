@@ -17,8 +17,10 @@ from maxsim.cpu.engine import _query_sums, _run_chunks
 # shared by many documents; shorter list items are copied together a task at a time for one GEMM
 # (docs/cpu.md has the measurements).
 PER_DOCUMENT_MIN_MEAN = 32
-# Documents per task of the per-document path: enough tasks that two cores balance.
-_DOCUMENTS_PER_TASK = 256
+# Documents per task of the per-document path: about four tasks a CPU worker so that they balance,
+# within these bounds (a task's fixed cost, a list handed to TorchScript and one copy of short items,
+# is shared by more documents in bigger tasks).
+_TASK_DOCUMENTS = (64, 1024)
 # A document longer than this many times the query rows is multiplied as Q D^T rather than D Q^T.
 _WIDE_PRODUCT = 8
 
@@ -81,14 +83,20 @@ def _document_loops():
         return _rowmax_listed, _rowmax_packed
 
 
+def _task_size(n_documents: int, workers: int) -> int:
+    """Documents a task: about four tasks a worker, within ``_TASK_DOCUMENTS``."""
+    low, high = _TASK_DOCUMENTS
+    return min(high, max(low, n_documents // (4 * max(1, workers))))
+
+
 def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries: int, documents,
                         n_documents: int) -> torch.Tensor:
     """Scores ``[n_queries, n_documents]`` fp32, one GEMM a document, from where the documents lie:
     ``documents`` is a list of ``[L_j, dim]`` tensors, or ``(d [T, dim], starts, lengths)`` packed
     rows (two lists of ints). ``q_rows [R, dim]`` fp32 every query token, ``row_query [R]`` its
     query. Max over the document's tokens (NaN propagates), sum over each query's rows; an empty
-    document scores 0. Tasks of ``_DOCUMENTS_PER_TASK`` documents run on the CPU workers (one
-    thread an op: these GEMMs are too small to share)."""
+    document scores 0. Tasks of documents (:func:`_task_size`) run on the CPU workers (one thread
+    an op: these GEMMs are too small to share)."""
     q_t = q_rows.t().contiguous()  # [dim, R]
     R = q_rows.shape[0]
     best = torch.zeros(n_documents, R, dtype=torch.float32)  # [Nd, R]
@@ -105,6 +113,8 @@ def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries
             packed(d, starts[task.start:task.stop], lengths[task.start:task.stop], q_rows, q_t,
                    best[task.start:task.stop], _WIDE_PRODUCT * R)
 
-    tasks = [range(a, min(n_documents, a + _DOCUMENTS_PER_TASK)) for a in range(0, n_documents, _DOCUMENTS_PER_TASK)]
-    _run_chunks(work, tasks, torch.get_num_threads(), True, mode="workers")
+    workers = torch.get_num_threads()
+    size = _task_size(n_documents, workers)
+    tasks = [range(a, min(n_documents, a + size)) for a in range(0, n_documents, size)]
+    _run_chunks(work, tasks, workers, True, mode="workers")
     return _query_sums(best, row_query, n_queries).t()
