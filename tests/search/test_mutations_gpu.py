@@ -98,8 +98,8 @@ def test_compacted_corpus_answers_the_same_on_the_gpu(tmp_path, encoding):
     corpus.compact(tmp_path / "c")
     loaded = Corpus.load(tmp_path / "c")
     assert loaded.ids == kept and loaded.num_deleted == 0
+    live_docs = [d for d, alive in zip(docs, live) if alive]
     for where in ("device", "pinned", "mmap"):
         on_disk = Corpus.load(tmp_path / "c", mmap=True) if where == "mmap" else loaded
         result = cuda_search(on_disk, queries, 11, where, tmp_path)
-        live_docs = [d for d, alive in zip(docs, live) if alive]
         assert_answer(result, queries, live_docs, kept, np.ones(len(kept), dtype=bool), 11, encoding)

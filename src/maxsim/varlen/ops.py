@@ -250,7 +250,7 @@ def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
     q_ok = _checks.sequences_valid(cu_q, q.shape[0], max_q)  # [Nq]
     q_start, q_len = _emptied(cu_q, q_ok)
     with torch.no_grad():
-        scores = cross_per_document(q, q_start, q_len, list(documents), len(documents))  # [Nq, Nd]
+        scores = cross_per_document(q, q_start, q_len, documents, len(documents))  # [Nq, Nd]
     return torch.where(q_ok[:, None], scores, torch.full((), float("nan")))
 
 

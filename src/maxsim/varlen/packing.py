@@ -30,13 +30,15 @@ def check_sequences(seqs) -> list[torch.Tensor]:
     if isinstance(first, torch.Tensor) and first.dim() == 2:
         # one pass of cheap attributes (a torch.device a tensor costs more than the check it serves;
         # on the CPU, is_cpu alone settles the device and a method call an item is most of the cost)
-        d, dtype, index, cuda = first.shape[1], first.dtype, first.get_device(), first.is_cuda
+        d, dtype = first.shape[1], first.dtype
         try:
             if first.is_cpu:
-                if all(s.is_cpu and s.dtype is dtype and len(shape := s.shape) == 2 and shape[1] == d for s in seqs):
-                    return seqs
-            elif all(s.dim() == 2 and s.shape[1] == d and s.dtype is dtype and s.get_device() == index
-                     and s.is_cuda == cuda for s in seqs):
+                same = all(s.is_cpu and s.dtype is dtype and len(shape := s.shape) == 2 and shape[1] == d for s in seqs)
+            else:
+                index, cuda = first.get_device(), first.is_cuda
+                same = all(s.dim() == 2 and s.shape[1] == d and s.dtype is dtype and s.get_device() == index
+                           and s.is_cuda == cuda for s in seqs)
+            if same:
                 return seqs
         except (AttributeError, TypeError):
             pass  # an item that is not a tensor: named below
