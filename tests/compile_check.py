@@ -134,6 +134,9 @@ def dense_forward_variants():
     yield "fwd TMA one query d=96 (box wider than the row)", *tma(dict(base, BM=32, BN=128, EVEN_K=False,
                                                                         ROW_MAX=False)), 4, 3
     yield "fwd TMA one query d=320 (BK=64)", *tma(dict(base, BM=32, BN=128, BK=64, NUM_K=5)), 4, 4
+    yield "fwd TMA d=192 (d 64's split copy), 256-row blocks", *tma(dict(base, BM=256, BN=128, BK=64, NUM_K=3, SEG=64,
+                                                                        HAS_QMASK=True, HAS_DMASK=True,
+                                                                        MASK_LANES=MASK_ROW_LANES)), 8, 3
     yield "fwd TMA argmax masks+multiply+normalize", *tma(dict(base, BM=64, BN=128, SEG=64, SAVE_ARGMAX=True, HAS_QMASK=True,
                                                            HAS_DMASK=True, MULTIPLY=True, NORMALIZE=True), "bf16"), 4, 3
     # The widest embeddings (d 2560 / 4096: the selection's K-loop tile, 128-wide chunks).

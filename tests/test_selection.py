@@ -86,6 +86,17 @@ def test_widths_between_the_tiles_read_through_tma():
     assert choice(1, 32, 96, tokens=tokens, masked=True).rule != d96.rule  # masked reranks: their own rule
 
 
+def test_the_d64_split_copy_runs_256_row_blocks():
+    # fp32 at d 64 through the 16-bit kernels is a d 192 fp16 call: 48-token queries stacked 32
+    # deep (mxbai-edge's search) take 256-row blocks; a training step's argmax forward does not.
+    tokens = 100_000 * 512
+    c = choice(32, 48, 192, tokens=tokens)
+    assert c.config.BM == 256 and c.config.BN == 128 and c.config.BK == 64 and c.config.tma
+    assert choice(32, 48, 192, tokens=tokens, argmax=True).config.BM == 128
+    assert choice(2, 64, 192, tokens=tokens).config.BM == 128  # 128 rows: no half-empty block
+    assert choice(32, 48, 256, tokens=tokens).config.BM == 128  # past d 192: the d > 128 rule
+
+
 def test_warp_specialized_kernel_only_where_it_was_measured_faster():
     big = T.BIG_CORPUS_TOKENS
     for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (32, 32, 128)]:

@@ -81,6 +81,26 @@ def test_auto_takes_the_fp16_split_on_hopper_copied_where_many_rows_share_a_toke
     assert choice == "tf32x3" and "verified on sm80" in why
 
 
+def test_a_training_step_keeps_the_split_on_chip_up_to_a_larger_call(seen, monkeypatch):
+    # the copy's d x 3 argmax forward costs a training step more than the on-chip split saves
+    many = T.SPLIT16_MIN_ROWS
+    big = -(-T.SPLIT16_MIN_PRODUCTS // many)
+    assert precision_choice(torch.float32, "auto", "sm90", many, big)[0] == "fp16x3-copy"
+    choice, why = precision_choice(torch.float32, "auto", "sm90", many, big, training=True)
+    assert choice == "fp16x3" and "a training step's forward" in why
+    past = -(-T.SPLIT16_MIN_PRODUCTS_TRAINING // many)
+    assert precision_choice(torch.float32, "auto", "sm90", many, past, training=True)[0] == "fp16x3-copy"
+    # the call itself: the same shape copies for a forward and splits on chip under autograd
+    monkeypatch.setattr(T, "SPLIT16_MIN_PRODUCTS", 0)
+    monkeypatch.setattr(T, "SPLIT16_MIN_PRODUCTS_TRAINING", 10**12)
+    Q, D = torch.randn(4, 16, 16, device=DEV), torch.randn(3, 7, 16, device=DEV)  # 64 rows a token
+    maxsim.maxsim(Q, D, precision="fp16x3")
+    maxsim.maxsim(Q.requires_grad_(), D, precision="fp16x3").sum().backward()
+    assert seen == ["tf32", "fp16x3"] and Q.grad is not None
+    words = str(maxsim.explain(Q, D, gpu="sm90"))
+    assert "a training step's forward" in words, words
+
+
 def test_sixteen_bit_inputs_ignore_it(seen):
     for dtype in (torch.float16, torch.bfloat16):
         Q, D = torch.randn(2, 5, 16, device=DEV).to(dtype), torch.randn(3, 7, 16, device=DEV).to(dtype)

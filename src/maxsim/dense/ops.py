@@ -255,9 +255,9 @@ def maxsim(
         run = maxsim_cpu if pytorch_backend() == "cpu" else reference.maxsim_reference
         return run(Q, D, q_mask, d_mask, normalize=normalize, mask_mode=mask_mode, return_argmax=return_argmax)
     multiply = mask_mode == "multiply"
-    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1],
-                                     select.query_rows_per_token(p.Q, p.D), p.D.numel())[0]
     needs_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
+    dot_precision = precision_choice(p.Q.dtype, precision, device_of(p.Q)[1],
+                                     select.query_rows_per_token(p.Q, p.D), p.D.numel(), training=needs_grad)[0]
     compiling = through_dispatcher()
     if compiling or needs_grad:
         op = dense_forward if compiling else _DenseMaxSim.apply

@@ -69,7 +69,7 @@ _PRECISION_WORDS = {
 
 
 def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int = 0,
-                     doc_values: int = 0, packed: bool = False) -> tuple[str, str]:
+                     doc_values: int = 0, packed: bool = False, training: bool = False) -> tuple[str, str]:
     """(the fp32 product a call runs, why) for inputs of ``dtype``, a call's ``precision=``, the
     device family and ``rows``, the query rows that share each document token (Nq Lq for a cross
     product, Lq for candidate lists). The product: "ieee", "tf32x3", "tf32" (Triton's
@@ -77,6 +77,7 @@ def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int 
     "fp16x3-copy" (the split copied once, through the 16-bit kernels: where many rows share each
     document token, so the product and not the read sets the time). ``doc_values``: the documents'
     values (tokens x d; ``packed``: packed documents, whose copy is made whole, so it is bounded).
+    ``training``: the forward feeds a backward, where the split stays on chip up to a larger call.
     16-bit inputs' products are exact in fp32 whatever it says."""
     check_choice("precision", precision, PRECISIONS)
     if dtype != torch.float32:
@@ -92,6 +93,10 @@ def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int 
     if rows < T.SPLIT16_MIN_ROWS:
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: {rows} query rows share each document token "
                           f"(< {T.SPLIT16_MIN_ROWS}), where reading the fp32 documents sets the time")
+    if training and rows * doc_values < T.SPLIT16_MIN_PRODUCTS_TRAINING:
+        return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a training step's forward of "
+                          f"{rows * doc_values / 1e9:.2g}G products (< {T.SPLIT16_MIN_PRODUCTS_TRAINING / 1e9:.3g}G), "
+                          f"where the copy and its argmax forward at 3 x d cost more than the split")
     if rows * doc_values < T.SPLIT16_MIN_PRODUCTS:
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a small call ({rows * doc_values / 1e9:.2g}G products "
                           f"< {T.SPLIT16_MIN_PRODUCTS / 1e9:.2g}G), where the copy's extra launches cost more "

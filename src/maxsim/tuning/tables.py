@@ -48,8 +48,12 @@ SPLIT_FP32_FAMILIES: tuple[str, ...] = ()
 SPLIT16_FAMILIES: tuple[str, ...] = ("sm90",)
 SPLIT16_MIN_ROWS = 64
 # ... and at least this many products (query rows x document values): below it the copy's four
-# extra launches cost more host time than its faster product saves (a training step's scorer).
+# extra launches cost more host time than its faster product saves. A forward that feeds a
+# backward (a training step's scorer) keeps the split on chip up to SPLIT16_MIN_PRODUCTS_TRAINING:
+# there the copy and its d x 3 argmax forward cost more than the split (64 x 64 in-batch steps,
+# Ld 512-1030: results/fp32-train-split-20261204-2117.log).
 SPLIT16_MIN_PRODUCTS = 1 << 33
+SPLIT16_MIN_PRODUCTS_TRAINING = 1 << 36
 SPLIT16_CHUNK_BYTES = 1 << 30
 SPLIT16_MAX_PACKED_BYTES = 4 << 30  # packed documents are split whole: auto makes no larger copy
 
@@ -86,6 +90,9 @@ DENSE_FORWARD_SM90 = (
     Rule("d > 128, >= 128 rows, argmax", When(d=(129, INF), rows=(128, INF), argmax=True),
          _T(BM=128, BN=64, BK=64, num_warps=8, num_stages=3, row_max=True, tma=True),
          record="results/ws-train-20261129-1904.log"),
+    Rule("d 129-192 (d 64's fp16 split copy), >= 256 rows: 256-row blocks", When(d=(129, 192), rows=(256, INF)),
+         _T(BM=256, BN=128, BK=64, num_warps=8, num_stages=3, row_max=True, tma=True),
+         record="results/fp32-split-d64-tiles-20261204-2117.log"),
     Rule("d > 128, >= 128 rows", When(d=(129, INF), rows=(128, INF)),
          _T(BM=128, BN=128, BK=64, num_warps=8, num_stages=3, row_max=True, tma=True),
          record="results/tune-stages-20261129-1510.log"),
