@@ -165,6 +165,10 @@ def dense_forward_variants():
         yield f"fwd fp32 {precision} TMA walk BM={bm} NUM_K={num_k}", \
             *tma(dict(base, BM=bm, BN=64, BK=128, NUM_K=num_k, SEG=bm, DOT_PRECISION=precision, HAS_QMASK=True,
                       HAS_DMASK=True, MASK_LANES=MASK_ROW_LANES), "fp32"), 4, 3
+    # ... the in-batch training forward (2048 rows a token, argmax kept): 128-row blocks, 8 warps
+    yield "fwd fp32 fp16x3 TMA in-batch argmax BM=128", \
+        *tma(dict(base, BM=128, BN=64, BK=128, NUM_K=1, SEG=32, DOT_PRECISION="fp16x3", SAVE_ARGMAX=True,
+                  HAS_QMASK=True, HAS_DMASK=True, MASK_LANES=MASK_ROW_LANES), "fp32"), 8, 3
 
 
 def backward_variants():

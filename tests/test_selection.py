@@ -97,6 +97,19 @@ def test_the_d64_split_copy_runs_256_row_blocks():
     assert choice(32, 48, 256, tokens=tokens).config.BM == 128  # past d 192: the d > 128 rule
 
 
+def test_the_fp32_split_on_chip_stacks_128_rows_for_in_batch_training():
+    # 64 queries x 32 tokens share each document token: 128-row blocks, 8 warps (fewer programs
+    # splitting each fp32 tile); one query keeps the bandwidth tile
+    def split(nq, d):
+        Q = torch.empty(nq, 32, d, dtype=torch.float32, device="meta")
+        D = torch.empty(1, 64, 512, d, dtype=torch.float32, device="meta")
+        return select.forward_choice(Q, D, True, False, True, family="sm90", precision="fp16x3")
+    many, one = split(64, 128), split(1, 128)
+    assert many.config.BM == 128 and many.config.num_warps == 8 and many.config.tma
+    assert one.config.BM == 32 and one.rule != many.rule
+    assert split(64, 96).rule != many.rule  # unmeasured widths keep the bandwidth tile
+
+
 def test_warp_specialized_kernel_only_where_it_was_measured_faster():
     big = T.BIG_CORPUS_TOKENS
     for nq, lq, d in [(128, 128, 128), (1, 1024, 128), (32, 32, 128)]:

@@ -74,6 +74,10 @@ DENSE_FORWARD_WS_SM90 = (
 
 _T = dict  # (readability)
 DENSE_FORWARD_SM90 = (
+    Rule("fp32 split on chip into fp16 terms, d 128, >= 128 rows a document token (in-batch training forwards)",
+         When(dtype="fp32-fp16x3", rows=(128, INF), d=(128, 128)),
+         _T(BM=128, BN=64, BK=128, num_warps=8, num_stages=3, row_max=True, tma=True),
+         record="results/fp32-train-onchip-tiles-20261204-2130.log"),
     Rule("fp32 split on chip into fp16 terms (few rows a document token: bandwidth)", When(dtype="fp32-fp16x3"),
          _T(BM="rows<=64", BN=64, BK="d<=128", num_warps=4, num_stages=3, waves=4, row_max=True, tma=True),
          record="results/fp32-tma-sweep-20261204-1630.log"),
