@@ -104,7 +104,7 @@ def explain(Q, D, q_mask=None, d_mask=None, *, normalize: bool = False, mask_mod
     else:
         masked = p.q_mask is not None or p.d_mask is not None
         dot, why = precision_choice(p.Q.dtype, precision, family, dense.query_rows_per_token(p.Q, p.D), p.D.numel(),
-                                    training=p.Q.requires_grad or p.D.requires_grad)
+                                    training=torch.is_grad_enabled() and (p.Q.requires_grad or p.D.requires_grad))
         fq, fd = p.Q, p.D
         if dot == "fp16x3-copy":  # what runs: the 16-bit kernel on the fp16 split, width 3d
             fq, fd = (torch.empty((*t.shape[:-1], 3 * t.shape[-1]), dtype=torch.float16, device="meta") for t in (fq, fd))
