@@ -340,16 +340,16 @@ def test_short_packed_documents_stay_on_the_blocked_engine(monkeypatch):
     assert rel_err(maxsim.maxsim_varlen(q, d, cu_q, cu_d), oracle(Qp, Dp, qm, dm)[0]) < 1e-6
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_short_listed_documents_are_never_packed_whole(monkeypatch, compiled):
+def test_short_listed_documents_are_never_packed_whole(monkeypatch):
     # A list of short documents is scored a task at a time (one GEMM over the task's items, a max
-    # per item), compiled by TorchScript or as Python: the list itself is never packed.
+    # per item), without the per-item loop: the list itself is never packed.
     from maxsim.cpu import per_document as cpu_per_document
     from maxsim.varlen import ops
 
-    if not compiled:
-        monkeypatch.setattr(cpu_per_document, "_document_loops",
-                            lambda: (cpu_per_document._rowmax_listed, cpu_per_document._rowmax_packed))
+    def no_loop(*args):
+        pytest.fail("the per-item loop ran on short items")
+
+    monkeypatch.setattr(cpu_per_document, "_document_loops", lambda: (no_loop, cpu_per_document._rowmax_packed))
     docs = [rand(n, 16) for n in (3, 9, 1, 30, 0)]
     docs[2] = docs[2].clone()
     docs[2][0, 5] = float("nan")
@@ -367,11 +367,31 @@ def test_short_listed_documents_are_never_packed_whole(monkeypatch, compiled):
     assert rel_err(got[:, keep], want[:, keep]) < 1e-6
 
 
-@pytest.mark.parametrize("layout", ["list", "short list", "packed", "padded"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_short_and_long_tasks_of_one_list(two_workers, monkeypatch, dtype):
+    # Each task of a list takes its own way: short items one GEMM over their copy, long ones a
+    # GEMM each (the per-item loop, counted here).
+    from maxsim.cpu import per_document as cpu_per_document
+
+    listed, packed = cpu_per_document._document_loops()
+    long_tasks = []
+    monkeypatch.setattr(cpu_per_document, "_document_loops",
+                        lambda: (lambda docs, *a: long_tasks.append(len(docs)) or listed(docs, *a), packed))
+    lengths = [2, 3, 1, 0, 50, 60, 40, 70, 1, 0, 2, 3, 33, 40, 90, 2]  # tasks of 4: short, long, short, long
+    docs = [rand(n, 16, dtype=dtype) for n in lengths]
+    queries = [rand(4, 16, dtype=dtype), rand(7, 16, dtype=dtype)]
+    got = maxsim.maxsim_varlen(queries, docs)
+    assert long_tasks == [4, 4]
+    Qp, qm = maxsim.pad(queries)
+    Dp, dm = maxsim.pad(docs)
+    assert rel_err(got, oracle(Qp, Dp, qm, dm)[0]) < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["list", "packed", "padded"])
 def test_compiled_and_python_document_loops_give_the_same_bits(monkeypatch, layout):
     from maxsim.cpu import per_document as cpu_per_document
 
-    lengths = (40, 0, 300, 64, 51) if layout != "short list" else (3, 0, 12, 7, 1)
+    lengths = (40, 0, 300, 64, 51)
     docs = [rand(n, 24) for n in lengths]  # 300 > 8 x 5 query rows: the other orientation
     queries = [rand(5, 24)]
 
@@ -422,3 +442,71 @@ def test_a_list_with_a_gradient_takes_the_packed_path():
     scores = maxsim.maxsim_varlen([q], docs)
     scores.sum().backward()
     assert all(d.grad is not None and d.grad.abs().sum() > 0 for d in docs)
+
+
+@pytest.fixture
+def two_workers(monkeypatch):
+    """The per-document path on the caller and a pool worker, in tasks of 4 documents."""
+    from maxsim.cpu import per_document as cpu_per_document
+
+    monkeypatch.setattr(cpu_per_document, "_TASK_DOCUMENTS", (4, 4))
+    own = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(own)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda x: x[:, :8], r"item 157 has d=8"),
+    (lambda x: x.half(), r"item 157 has d=16, torch.float16"),
+    (lambda x: x[0], r"item 157 is shape \[16\]"),
+    (lambda x: "text", r"item 157 is str"),
+])
+@pytest.mark.parametrize("length", [6, 40])
+def test_a_bad_list_item_raises_while_the_workers_score_the_others(two_workers, bad, message, length):
+    # Each task's items are checked by the thread that scores them, before it does: the check's
+    # clear error is the one raised, never a GEMM's on the bad item.
+    docs = [rand(length, 16) for _ in range(200)]
+    docs[157] = bad(docs[157])
+    with pytest.raises(ValueError, match=message):
+        maxsim.maxsim_varlen([rand(5, 16)], docs)
+
+
+@pytest.mark.parametrize("length", [6, 40])
+def test_a_late_list_item_with_a_gradient_takes_the_packed_path(two_workers, monkeypatch, length):
+    from maxsim.varlen import ops
+
+    docs = [rand(length, 16) for _ in range(200)]
+    docs[190].requires_grad_(True)
+    q = rand(5, 16)
+    packs = []
+    real_pack = ops.pack
+    monkeypatch.setattr(ops, "pack", lambda seqs, **kw: packs.append(len(list(seqs))) or real_pack(seqs, **kw))
+    scores = maxsim.maxsim_varlen([q], docs)
+    assert 200 in packs and scores.requires_grad
+    scores.sum().backward()
+    assert docs[190].grad is not None and docs[190].grad.abs().sum() > 0
+    packs.clear()
+    with torch.no_grad():
+        plain = maxsim.maxsim_varlen([q], docs)  # no gradient wanted: scored from the list
+    assert 200 not in packs
+    Qp, qm = maxsim.pad([q])
+    Dp, dm = maxsim.pad([x.detach() for x in docs])
+    want = oracle(Qp, Dp, qm, dm)[0]
+    assert rel_err(plain, want) < 1e-6 and rel_err(scores.detach(), want) < 1e-6
+
+
+@pytest.mark.parametrize("threads_mode", ["workers", "team"])
+def test_a_chunk_that_returns_stop_drops_the_chunks_not_started(monkeypatch, threads_mode):
+    monkeypatch.setenv("MAXSIM_CPU_THREADS", threads_mode)
+    ran = []
+
+    def work(c):
+        ran.append(c)
+        return engine.STOP if c == 2 else c * 2
+
+    assert engine._run_chunks(lambda c: c * 2, list(range(8)), 2) == [c * 2 for c in range(8)]
+    assert engine._run_chunks(work, list(range(64)), 2) is None
+    assert 2 in ran and len(ran) < 64  # (a worker may have started one more chunk meanwhile)
+    ran.clear()
+    assert engine._run_chunks(work, list(range(64)), 1) is None and ran == [0, 1, 2]

@@ -214,7 +214,11 @@ def _threads_mode() -> str:
     return mode
 
 
-def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True, mode: str | None = None) -> list:
+# What a chunk's work returns to drop the chunks not yet started (:func:`_run_chunks`).
+STOP = object()
+
+
+def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True, mode: str | None = None) -> list | None:
     """``[work(c) for c in chunks]`` with ``n_threads`` threads, as ``MAXSIM_CPU_THREADS`` says:
 
     - ``team`` (default): the chunks one after the other on the caller's thread, each op on its
@@ -225,14 +229,20 @@ def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True, mode: s
 
     ``n_threads == 1`` (a small call, or the caller's setting) runs on the caller's thread with one
     intra-op thread (its setting is restored). ``mode``: one of the two, whatever the setting
-    (work made of many small GEMMs, which no intra-op team shares, takes ``workers``)."""
+    (work made of many small GEMMs, which no intra-op team shares, takes ``workers``). Where a
+    chunk's work returns ``STOP``, the chunks not yet started are dropped and the call returns None."""
     mode = mode or _threads_mode()
     if not on_cpu or (mode == "team" and n_threads > 1) or not _thread_local_threads():
-        return [work(c) for c in chunks]
+        results = []
+        for chunk in chunks:
+            results.append(work(chunk))
+            if results[-1] is STOP:
+                return None
+        return results
     results = [None] * len(chunks)
     todo = iter(enumerate(chunks))
     lock = threading.Lock()
-    failed = threading.Event()
+    stop = threading.Event()
 
     def drain(worker: bool = False):
         if worker:
@@ -240,14 +250,16 @@ def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True, mode: s
             # process-wide count, which the caller may have restored since the thread started.
             torch.set_num_threads(1)
         try:
-            while not failed.is_set():
+            while not stop.is_set():
                 with lock:
                     nxt = next(todo, None)
                 if nxt is None:
                     return
                 results[nxt[0]] = work(nxt[1])
+                if results[nxt[0]] is STOP:
+                    stop.set()
         except BaseException:
-            failed.set()
+            stop.set()
             raise
 
     helpers = []
@@ -265,7 +277,7 @@ def _run_chunks(work, chunks: list, n_threads: int, on_cpu: bool = True, mode: s
     for error in errors:
         if error is not None:
             raise error
-    return results
+    return None if any(r is STOP for r in results) else results
 
 
 def rowmax_scores(

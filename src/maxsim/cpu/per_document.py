@@ -9,12 +9,12 @@ from typing import List
 
 import torch
 
-from maxsim.cpu.engine import _query_sums, _run_chunks
+from maxsim.cpu.engine import STOP, _query_sums, _run_chunks
 
 # Documents at least this long on average are scored one GEMM each, straight from where they lie
 # (a packed tensor's rows, a list's items, a padded tensor's rows under prefix masks): no gather,
 # no padding. Shorter packed or padded ones go to the blocked engine, where a GEMM's fixed cost is
-# shared by many documents; shorter list items are copied together a task at a time for one GEMM
+# shared by many documents; a task of shorter list items is copied together for one GEMM
 # (docs/cpu.md has the measurements).
 PER_DOCUMENT_MIN_MEAN = 32
 # Documents per task of the per-document path: about four tasks a CPU worker so that they balance,
@@ -44,22 +44,22 @@ def _rowmax_into(best: torch.Tensor, j: int, tokens: torch.Tensor, q_rows: torch
 
 
 def _rowmax_listed(docs: List[torch.Tensor], q_rows: torch.Tensor, q_t: torch.Tensor, best: torch.Tensor,
-                   wide: int, short: int) -> None:
-    """:func:`_rowmax_into` for every item of ``docs`` into the rows of ``best``. Items shorter than
-    ``short`` tokens on average are copied together (a small, cache-resident copy) for one GEMM and
-    a max per item: a call an item would cost more than its products."""
-    lengths = [t.shape[0] for t in docs]
-    if sum(lengths) < short * len(docs):
-        x = torch.cat(docs)  # [T, dim]
-        x = x if x.dtype == torch.float32 else x.float()
-        owner = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(lengths, dtype=torch.long))  # [T]
-        products = torch.mm(x, q_t)  # [T, R]
-        # each item's max over its own rows (NaN propagates); an empty item keeps best's 0
-        best.zero_().scatter_reduce_(0, owner[:, None].expand(-1, products.shape[1]), products, "amax",
-                                     include_self=False)
-    else:
-        for j in range(len(docs)):
-            _rowmax_into(best, j, docs[j], q_rows, q_t, wide)
+                   wide: int) -> None:
+    """:func:`_rowmax_into` for every item of ``docs`` into the rows of ``best``."""
+    for j in range(len(docs)):
+        _rowmax_into(best, j, docs[j], q_rows, q_t, wide)
+
+
+def _rowmax_short(docs: List[torch.Tensor], lengths: List[int], q_t: torch.Tensor, best: torch.Tensor) -> None:
+    """best[j] = each query row's max over item j's tokens, for items too short to pay a GEMM
+    each: copied together (a small, cache-resident copy) for one GEMM and a max per item. A few
+    ops a task, each releasing the GIL. NaN propagates; an empty item keeps 0."""
+    x = torch.cat(docs)  # [T, dim]
+    x = x if x.dtype == torch.float32 else x.float()
+    owner = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(lengths, dtype=torch.long))  # [T]
+    products = torch.mm(x, q_t)  # [T, R]
+    best.zero_().scatter_reduce_(0, owner[:, None].expand(-1, products.shape[1]), products, "amax",
+                                 include_self=False)
 
 
 def _rowmax_packed(d: torch.Tensor, starts: List[int], lengths: List[int], q_rows: torch.Tensor,
@@ -90,22 +90,38 @@ def _task_size(n_documents: int, workers: int) -> int:
 
 
 def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries: int, documents,
-                        n_documents: int) -> torch.Tensor:
+                        n_documents: int, item_lengths=None) -> torch.Tensor | None:
     """Scores ``[n_queries, n_documents]`` fp32, one GEMM a document, from where the documents lie:
     ``documents`` is a list of ``[L_j, dim]`` tensors, or ``(d [T, dim], starts, lengths)`` packed
     rows (two lists of ints). ``q_rows [R, dim]`` fp32 every query token, ``row_query [R]`` its
     query. Max over the document's tokens (NaN propagates), sum over each query's rows; an empty
     document scores 0. Tasks of documents (:func:`_task_size`) run on the CPU workers (one thread
-    an op: these GEMMs are too small to share)."""
+    an op: these GEMMs are too small to share); a task of list items shorter than
+    ``PER_DOCUMENT_MIN_MEAN`` tokens on average is one GEMM over their copy (:func:`_rowmax_short`).
+
+    ``item_lengths(items) -> list[int]`` (a list only; default: their lengths) is called on each
+    task's items by the thread that then scores them (the caller checks the items there). Where it
+    returns :data:`maxsim.cpu.engine.STOP` the call returns None."""
     q_t = q_rows.t().contiguous()  # [dim, R]
     R = q_rows.shape[0]
     best = torch.zeros(n_documents, R, dtype=torch.float32)  # [Nd, R]
     listed, packed = _document_loops()
     # Each task hands over only its own documents (TorchScript converts a list argument whole).
     if isinstance(documents, list):
-        def work(task: range) -> None:
-            listed(documents[task.start:task.stop], q_rows, q_t, best[task.start:task.stop], _WIDE_PRODUCT * R,
-                   PER_DOCUMENT_MIN_MEAN)
+        lengths_of = item_lengths or (lambda items: [t.shape[0] for t in items])
+
+        @torch.no_grad()  # grad mode is per thread (an item's grad is the caller's to rule on)
+        def work(task: range):
+            items, rows = documents[task.start:task.stop], best[task.start:task.stop]
+            # Checked by the thread that scores them: a few hundred microseconds of Python a task
+            # between ops that release the GIL, so neither thread waits long for it.
+            lengths = lengths_of(items)
+            if lengths is STOP:
+                return STOP
+            if sum(lengths) < PER_DOCUMENT_MIN_MEAN * len(lengths):
+                _rowmax_short(items, lengths, q_t, rows)
+            else:
+                listed(items, q_rows, q_t, rows, _WIDE_PRODUCT * R)
     else:
         d, starts, lengths = documents
 
@@ -116,5 +132,6 @@ def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries
     workers = torch.get_num_threads()
     size = _task_size(n_documents, workers)
     tasks = [range(a, min(n_documents, a + size)) for a in range(0, n_documents, size)]
-    _run_chunks(work, tasks, workers, True, mode="workers")
+    if _run_chunks(work, tasks, workers, True, mode="workers") is None:
+        return None
     return _query_sums(best, row_query, n_queries).t()

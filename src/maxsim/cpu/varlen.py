@@ -77,8 +77,10 @@ def varlen_cpu(q, d, q_start, q_len, d_start, d_len, pair_q=None, pair_d=None, *
         return out
 
 
-def cross_per_document(q, q_start, q_len, documents, n_documents: int) -> torch.Tensor:
+def cross_per_document(q, q_start, q_len, documents, n_documents: int, item_lengths=None) -> torch.Tensor | None:
     """Scores ``[Nq, n_documents]`` fp32 of packed queries ``q [Tq, dim]`` (sequences ``q_start``,
-    ``q_len`` int64 ``[Nq]``) against ``documents`` (see :func:`per_document_scores`)."""
+    ``q_len`` int64 ``[Nq]``) against ``documents`` (see :func:`per_document_scores`, and for
+    ``item_lengths``)."""
     rows, owner = _query_rows(q_start, q_len)
-    return per_document_scores(q.index_select(0, rows).float(), owner, q_start.numel(), documents, n_documents)
+    return per_document_scores(q.index_select(0, rows).float(), owner, q_start.numel(), documents, n_documents,
+                               item_lengths)

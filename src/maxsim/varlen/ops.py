@@ -16,7 +16,7 @@ from maxsim.selection.common import PRECISIONS, device_of, precision_choice
 from maxsim.selection.common import STRATEGIES as BACKWARD_STRATEGIES
 from maxsim.varlen.backward import varlen_backward
 from maxsim.varlen.forward import varlen_forward
-from maxsim.varlen.packing import check_sequences, pack
+from maxsim.varlen.packing import check_sequences, cpu_lengths, pack
 from maxsim.varlen.specs import STREAM_FORWARD
 from maxsim.varlen.stream import stream_forward
 
@@ -218,8 +218,7 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
     """
     _checks.check_choice("precision", precision, PRECISIONS)
     if isinstance(d, (list, tuple)) and cu_seqlens_d is None and len(d):
-        d = check_sequences(d)
-        scores = _cpu_document_list(q, d, cu_seqlens_q, max_seqlen_q, validate)
+        scores, d = _cpu_document_list(q, d, cu_seqlens_q, max_seqlen_q, validate)
         if scores is not None:
             return scores
         d, cu_seqlens_d, max_seqlen_d = pack(d, checked=True)  # (checked once)
@@ -231,27 +230,43 @@ def maxsim_varlen(q, d, cu_seqlens_q=None, cu_seqlens_d=None, max_seqlen_q=None,
 
 
 def _cpu_document_list(q, documents, cu_seqlens_q, max_seqlen_q, validate):
-    """Documents given as a checked list (:func:`~maxsim.varlen.packing.check_sequences`), scored by
-    the CPU backend without a gradient, from the items where they lie
-    (:func:`maxsim.cpu.varlen.cross_per_document`): the list is never packed whole (a copy of every
-    token). None where the packed path scores instead."""
+    """Documents given as a list, scored by the CPU backend without a gradient, from the items where
+    they lie (:func:`maxsim.cpu.varlen.cross_per_document`): the list is never packed whole (a copy
+    of every token). Each task's items are checked by the CPU worker about to score them; a bad
+    item raises (:func:`~maxsim.varlen.packing.check_sequences`'s error) before its task is
+    scored. Returns (scores, or None where the packed path scores instead; the checked list)."""
+    from maxsim.cpu.engine import STOP
     from maxsim.cpu.varlen import cross_per_document
 
+    documents = list(documents)
     first = documents[0]
-    if first.device.type != "cpu" or backend_for(first.device) != "reference" or pytorch_backend() != "cpu":
-        return None
+    if (not isinstance(first, torch.Tensor) or first.dim() != 2 or not first.is_cpu
+            or backend_for(first.device) != "reference" or pytorch_backend() != "cpu"):
+        return None, check_sequences(documents)
+    grad = torch.is_grad_enabled()
     queries_need_grad = any(x.requires_grad for x in q) if isinstance(q, (list, tuple)) else getattr(
         q, "requires_grad", False)
-    if torch.is_grad_enabled() and (queries_need_grad or any(x.requires_grad for x in documents)):
-        return None
+    if grad and queries_need_grad:
+        return None, check_sequences(documents)
     # the queries checked (and packed) against an empty document of the list's d, dtype and device
     q, _, cu_q, _, max_q, _, _ = _prepare(q, first[:0], cu_seqlens_q, torch.zeros(2, dtype=torch.int64),
                                           max_seqlen_q, 0, validate)
     q_ok = _checks.sequences_valid(cu_q, q.shape[0], max_q)  # [Nq]
     q_start, q_len = _emptied(cu_q, q_ok)
+    dim, dtype = first.shape[1], first.dtype
+
+    def item_lengths(items: list) -> list:
+        lengths = cpu_lengths(items, dim, dtype, no_grad=grad)
+        if lengths is None:
+            check_sequences(documents)  # a bad item raises, named; else one wants a gradient
+            return STOP  # (the packed path scores it with autograd)
+        return lengths
+
     with torch.no_grad():
-        scores = cross_per_document(q, q_start, q_len, documents, len(documents))  # [Nq, Nd]
-    return torch.where(q_ok[:, None], scores, torch.full((), float("nan")))
+        scores = cross_per_document(q, q_start, q_len, documents, len(documents), item_lengths)  # [Nq, Nd]
+    if scores is None:
+        return None, documents
+    return torch.where(q_ok[:, None], scores, torch.full((), float("nan"))), documents
 
 
 def score_pairs_packed(q, d, cu_seqlens_q, cu_seqlens_d, pair_q, pair_d, max_seqlen_q=None, max_seqlen_d=None, *,

@@ -33,7 +33,7 @@ def check_sequences(seqs) -> list[torch.Tensor]:
         d, dtype = first.shape[1], first.dtype
         try:
             if first.is_cpu:
-                same = all(s.is_cpu and s.dtype is dtype and len(shape := s.shape) == 2 and shape[1] == d for s in seqs)
+                same = cpu_lengths(seqs, d, dtype) is not None
             else:
                 index, cuda = first.get_device(), first.is_cuda
                 same = all(s.dim() == 2 and s.shape[1] == d and s.dtype is dtype and s.get_device() == index
@@ -52,6 +52,24 @@ def check_sequences(seqs) -> list[torch.Tensor]:
                 f"{s.dtype}, {s.device} but item 0 has d={seqs[0].shape[1]}, {seqs[0].dtype}, {seqs[0].device}"
             )
     return seqs
+
+
+def cpu_lengths(seqs, d: int, dtype: torch.dtype, no_grad: bool = False) -> list[int] | None:
+    """Each item's length where every item of ``seqs`` is a 2-D CPU tensor of ``d`` columns and
+    ``dtype`` (and, with ``no_grad``, none requires grad); else None (:func:`check_sequences`
+    names the item). One pass of cheap attributes, in a plain loop (a generator's frame switch an
+    item, or a method call, costs more than the check it serves)."""
+    lengths = []
+    add = lengths.append
+    try:
+        for s in seqs:
+            shape = s.shape
+            if not (s.is_cpu and s.dtype is dtype and len(shape) == 2 and shape[1] == d) or (no_grad and s.requires_grad):
+                return None
+            add(shape[0])
+    except AttributeError:  # not a tensor
+        return None
+    return lengths
 
 
 def pad(seqs, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
