@@ -134,6 +134,31 @@ def test_chunking_bounds_memory_without_changing_results():
     assert torch.equal(small[1], big[1])
 
 
+@pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
+@pytest.mark.parametrize("candidates", [False, True])
+def test_float64_products_match_the_float64_oracle(mask_mode, candidates):
+    # dtype=torch.float64: what an fp32 kernel's error is measured against. Within float64
+    # rounding of the oracle (the fp32 reference is ~1e-7 off), in chunks of a few KB too.
+    Q = rand(3, 17, 24)
+    D = rand(3, 5, 29, 24) if candidates else rand(7, 29, 24)
+    q_mask = torch.rand(3, 17) > 0.2
+    d_mask = torch.rand(*D.shape[:-1]) > 0.3
+    want = oracle(Q, D, q_mask, d_mask, mask_mode=mask_mode, normalize=True)[0]
+    for budget in (None, 4096):
+        got, arg = maxsim_reference(Q, D, q_mask, d_mask, mask_mode=mask_mode, normalize=True, return_argmax=True,
+                                    dtype=torch.float64, max_chunk_bytes=budget)
+        assert got.dtype == torch.float64
+        assert rel_err(got, want) < 1e-13
+        assert torch.equal(arg.long(), oracle(Q, D, q_mask, d_mask, mask_mode=mask_mode, normalize=True)[1])
+    fp32 = maxsim_reference(Q, D, q_mask, d_mask, mask_mode=mask_mode, normalize=True)
+    assert fp32.dtype == torch.float32 and 0 < rel_err(fp32, want) < 1e-6
+
+
+def test_a_compute_dtype_other_than_fp32_or_float64_is_named():
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64, got torch.float16"):
+        maxsim_reference(rand(1, 2, 8), rand(1, 3, 8), dtype=torch.float16)
+
+
 def test_differentiable_through_autograd():
     Q = rand(2, 4, 8).requires_grad_()
     D = rand(3, 5, 8).requires_grad_()

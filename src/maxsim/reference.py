@@ -9,7 +9,9 @@ Every rule of DESIGN.md section 1 is implemented here, in the simplest form that
 memory bounded: the similarity tensor ``S [nq, nd, lq, Ld]`` is built one chunk at a time so
 that its scratch stays under ``max_chunk_bytes`` (256 MB by default, or ``MAXSIM_REFERENCE_CHUNK_MB``)
 whatever the batch. Products are computed in fp32 from the (already rounded) inputs, so this is
-an fp32-accurate reference for fp16/bf16/fp32 inputs.
+an fp32-accurate reference for fp16/bf16/fp32 inputs; ``dtype=torch.float64`` computes them in
+float64 (one chunk of the inputs converted at a time), the reference an fp32 result is measured
+against (the benchmark's error column).
 
 Equivalent one-liner (exclude mode, no chunking)::
 
@@ -29,8 +31,9 @@ import torch
 from maxsim import _checks
 
 _DEFAULT_CHUNK_MB = 256
-# How many fp32 copies of one S chunk are alive at once (S, its masked copy, the max).
+# How many copies of one S chunk are alive at once (S, its masked copy, the max).
 _LIVE_COPIES = 3
+COMPUTE_DTYPES = (torch.float32, torch.float64)
 
 
 def _chunk_budget_bytes(max_chunk_bytes: int | None) -> int:
@@ -40,19 +43,19 @@ def _chunk_budget_bytes(max_chunk_bytes: int | None) -> int:
 
 
 def _normalized(x: torch.Tensor) -> torch.Tensor:
-    """L2-normalise the last dimension in fp32 (torch.nn.functional.normalize, eps=1e-12)."""
-    return torch.nn.functional.normalize(x.float(), dim=-1)
+    """L2-normalise the last dimension (torch.nn.functional.normalize, eps=1e-12), in x's dtype."""
+    return torch.nn.functional.normalize(x, dim=-1)
 
 
 def _best_per_query_token(
-    q: torch.Tensor,  # [a, s, d] fp32
-    docs: torch.Tensor,  # [a or 1, b, Ld, d] fp32  (leading 1 = shared documents)
+    q: torch.Tensor,  # [a, s, d] fp32 or float64
+    docs: torch.Tensor,  # [a or 1, b, Ld, d] as q  (leading 1 = shared documents)
     d_mask: torch.Tensor | None,  # [a or 1, b, Ld] bool
     multiply: bool,
     q_mask: torch.Tensor | None,  # [a, s] bool
     want_argmax: bool,
 ):
-    """Max over document tokens for one chunk. Returns (best [a, b, s] fp32, argmax [a, b, s] or None)."""
+    """Max over document tokens for one chunk. Returns (best [a, b, s] in q's dtype, argmax [a, b, s] or None)."""
     S = torch.einsum("asd,abtd->abst", q, docs.expand(q.shape[0], -1, -1, -1))  # [a, b, s, Ld]
     if multiply:
         # PyLate's torch path: masked similarities become 0 and still take part in the max.
@@ -87,6 +90,7 @@ def maxsim_reference(
     mask_mode: str = "exclude",
     return_argmax: bool = False,
     max_chunk_bytes: int | None = None,
+    dtype: torch.dtype = torch.float32,
 ):
     """MaxSim scores in plain PyTorch, with bounded scratch memory.
 
@@ -102,26 +106,31 @@ def maxsim_reference(
         return_argmax: also return the winning document-token index per query token, int32,
             ``-1`` where the query token is masked or the document has no real token.
         max_chunk_bytes: scratch budget for one chunk of the similarity tensor.
+        dtype: what the products, maxima and sums are computed and returned in: ``torch.float32``,
+            or ``torch.float64`` (the reference an fp32 kernel's error is measured against).
 
     Returns:
-        scores ``[Nq, Nd]`` (or ``[Nq, K]``; 2-D inputs drop their batch axis) in fp32, and with
+        scores ``[Nq, Nd]`` (or ``[Nq, K]``; 2-D inputs drop their batch axis) in ``dtype``, and with
         ``return_argmax`` also ``argmax`` of shape ``scores.shape + (Lq,)``.
     """
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"maxsim_reference: dtype must be torch.float32 or torch.float64, got {dtype}")
     p = _checks.check_inputs(Q, D, q_mask, d_mask, mask_mode=mask_mode)
     Q3, D4, qm, dm = p.Q, p.D, p.q_mask, p.d_mask  # [Nq, Lq, d], [Nq|1, Nd, Ld, d]
     Nq, Lq, d = Q3.shape
     Nd, Ld = D4.shape[1], D4.shape[2]
     device = Q3.device
-    scores = torch.zeros(Nq, Nd, dtype=torch.float32, device=device)
+    scores = torch.zeros(Nq, Nd, dtype=dtype, device=device)
     argmax = torch.full((Nq, Nd, Lq), -1, dtype=torch.int32, device=device) if return_argmax else None
     multiply = mask_mode == "multiply"
 
     if Nq and Nd and Lq and Ld:
         # Chunk sizes: queries x documents x query tokens such that S stays within budget.
-        budget = max(_chunk_budget_bytes(max_chunk_bytes) // (4 * _LIVE_COPIES), 1)  # fp32 elements
+        element = torch.finfo(dtype).bits // 8
+        budget = max(_chunk_budget_bytes(max_chunk_bytes) // (element * _LIVE_COPIES), 1)  # elements
         per_token_row = Ld  # one (query, doc, query-token) row of S
         s_chunk = max(1, min(Lq, budget // per_token_row))
-        # b is also bounded by the fp32 copy of the document chunk, [b, Ld, d].
+        # b is also bounded by the converted copy of the document chunk, [b, Ld, d].
         b_chunk = max(1, min(Nd, budget // (per_token_row * s_chunk), budget // (Ld * d)))
         a_chunk = max(1, min(Nq, budget // (per_token_row * s_chunk * b_chunk)))
         for a0 in range(0, Nq, a_chunk):
@@ -129,13 +138,13 @@ def maxsim_reference(
             da = slice(a0, a1) if p.candidates else slice(0, 1)
             for b0 in range(0, Nd, b_chunk):
                 b1 = min(Nd, b0 + b_chunk)
-                docs = D4[da, b0:b1].float()  # [a|1, b, Ld, d]
+                docs = D4[da, b0:b1].to(dtype)  # [a|1, b, Ld, d]
                 if normalize:
                     docs = _normalized(docs)
                 dmask = dm[da, b0:b1] if dm is not None else None
                 for s0 in range(0, Lq, s_chunk):
                     s1 = min(Lq, s0 + s_chunk)
-                    q = Q3[a0:a1, s0:s1].float()
+                    q = Q3[a0:a1, s0:s1].to(dtype)
                     if normalize:
                         q = _normalized(q)
                     qmask = qm[a0:a1, s0:s1] if qm is not None else None

@@ -143,9 +143,9 @@ def _free(device: str) -> None:
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``max|out - ref| / max|ref|`` in fp32; NaN when ``out`` holds a NaN."""
-    diff = (out.float() - ref.float()).abs().max()
-    scale = ref.float().abs().max().clamp_min(torch.finfo(torch.float32).tiny)
+    """``max|out - ref| / max|ref|`` in float64; NaN when ``out`` holds a NaN."""
+    diff = (out.double() - ref.double()).abs().max()
+    scale = ref.double().abs().max().clamp_min(torch.finfo(torch.float32).tiny)
     return float(diff / scale)
 
 
@@ -212,7 +212,9 @@ def _measure(shape: Shape, provider: Provider, device: str, seed: int, quick: bo
     from maxsim.reference import maxsim_reference
 
     Q, D, q_mask, d_mask = make_inputs(shape, device, seed)
-    ref = maxsim_reference(Q, D, q_mask, d_mask, mask_mode=provider.mask_mode)  # [nq, nd] fp32
+    # float64 products and sums: an fp32 kernel's own error (1e-7 scale) is not hidden under the
+    # reference's (an fp32 reference is 1e-7 to 5e-7 off on these shapes)
+    ref = maxsim_reference(Q, D, q_mask, d_mask, mask_mode=provider.mask_mode, dtype=torch.float64)  # [nq, nd]
     _free(device)  # drop the reference's scratch before the provider allocates its own
     fn = functools.partial(provider.fn, *provider.prepare(Q, D, q_mask, d_mask))
     out = fn()  # warm-up: compiles and autotunes
@@ -555,7 +557,7 @@ def table_notes(mode: str, roofline: Roofline | None, device: str) -> str:
         notes.append("wall ms: steps enqueued back to back, one sync at the end (a training loop's time per step).")
     notes.append("maxsim x: this row's ms / maxsim's ms on the same shape (how many times faster maxsim is; "
                  "below 1: this row is faster).")
-    ref = "maxsim_reference" if mode != "train" else "the autograd of maxsim_reference in fp32"
+    ref = "maxsim_reference in float64" if mode != "train" else "the autograd of maxsim_reference in fp32"
     notes.append(f"rel err: max|out - ref| / max|ref| against {ref} (naive: mask_mode='multiply', PyLate's rule)"
                  + ("; gQ err, gD err: ||grad - ref|| / ||ref||." if mode == "train" else "."))
     return "\n".join("  " + n for n in notes)
