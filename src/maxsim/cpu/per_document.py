@@ -99,23 +99,23 @@ def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries
     an op: these GEMMs are too small to share); a task of list items shorter than
     ``PER_DOCUMENT_MIN_MEAN`` tokens on average is one GEMM over their copy (:func:`_rowmax_short`).
 
-    ``item_lengths(items) -> list[int]`` (a list only; default: their lengths) is called on each
-    task's items by the thread that then scores them (the caller checks the items there). Where it
-    returns :data:`maxsim.cpu.engine.STOP` the call returns None."""
+    ``item_lengths(items) -> list[int]`` (for a list) is called on each task's items by the thread
+    that then scores them (the caller checks the items there). Where it returns
+    :data:`maxsim.cpu.engine.STOP` the call returns None."""
     q_t = q_rows.t().contiguous()  # [dim, R]
     R = q_rows.shape[0]
     best = torch.zeros(n_documents, R, dtype=torch.float32)  # [Nd, R]
     listed, packed = _document_loops()
     # Each task hands over only its own documents (TorchScript converts a list argument whole).
     if isinstance(documents, list):
-        lengths_of = item_lengths or (lambda items: [t.shape[0] for t in items])
-
-        @torch.no_grad()  # grad mode is per thread (an item's grad is the caller's to rule on)
+        # no_grad on the worker itself: the caller's no_grad does not reach the pool's threads, and
+        # a list scored under it may hold items that require grad
+        @torch.no_grad()
         def work(task: range):
             items, rows = documents[task.start:task.stop], best[task.start:task.stop]
             # Checked by the thread that scores them: a few hundred microseconds of Python a task
             # between ops that release the GIL, so neither thread waits long for it.
-            lengths = lengths_of(items)
+            lengths = item_lengths(items)
             if lengths is STOP:
                 return STOP
             if sum(lengths) < PER_DOCUMENT_MIN_MEAN * len(lengths):

@@ -14,8 +14,10 @@ import torch
 def pack(seqs, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Ragged list of ``[L_i, d]`` tensors -> ``(packed [sum L_i, d], cu_seqlens int64 [N + 1], max L_i)``.
     ``checked``: ``seqs`` is already :func:`check_sequences`'s list."""
-    seqs = seqs if checked else check_sequences(seqs)
-    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
+    seqs, lengths = (seqs, None) if checked else _checked(seqs)
+    if lengths is None:
+        lengths = [s.shape[0] for s in seqs]
+    lengths = torch.tensor(lengths, dtype=torch.int64)
     cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=cu[1:])
     return torch.cat(seqs, 0), cu.to(seqs[0].device), int(lengths.max())
@@ -23,6 +25,11 @@ def pack(seqs, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 def check_sequences(seqs) -> list[torch.Tensor]:
     """A ragged list's items, checked: non-empty list of 2-D tensors sharing d, dtype and device."""
+    return _checked(seqs)[0]
+
+
+def _checked(seqs) -> tuple[list[torch.Tensor], list[int] | None]:
+    """:func:`check_sequences`'s list, and the items' lengths where its pass read them (CPU lists)."""
     seqs = list(seqs)
     if not seqs:
         raise ValueError("maxsim: cannot pack an empty list of sequences (no dtype, d or device to take)")
@@ -33,13 +40,14 @@ def check_sequences(seqs) -> list[torch.Tensor]:
         d, dtype = first.shape[1], first.dtype
         try:
             if first.is_cpu:
-                same = cpu_lengths(seqs, d, dtype) is not None
+                lengths = cpu_lengths(seqs, d, dtype)
+                if lengths is not None:
+                    return seqs, lengths
             else:
                 index, cuda = first.get_device(), first.is_cuda
-                same = all(s.dim() == 2 and s.shape[1] == d and s.dtype is dtype and s.get_device() == index
-                           and s.is_cuda == cuda for s in seqs)
-            if same:
-                return seqs
+                if all(s.dim() == 2 and s.shape[1] == d and s.dtype is dtype and s.get_device() == index
+                       and s.is_cuda == cuda for s in seqs):
+                    return seqs, None
         except (AttributeError, TypeError):
             pass  # an item that is not a tensor: named below
     for k, s in enumerate(seqs):
@@ -51,7 +59,7 @@ def check_sequences(seqs) -> list[torch.Tensor]:
                 f"maxsim: sequences must share d, dtype and device; item {k} has d={s.shape[1]}, "
                 f"{s.dtype}, {s.device} but item 0 has d={seqs[0].shape[1]}, {seqs[0].dtype}, {seqs[0].device}"
             )
-    return seqs
+    return seqs, None
 
 
 def cpu_lengths(seqs, d: int, dtype: torch.dtype, no_grad: bool = False) -> list[int] | None:
