@@ -44,8 +44,10 @@ def _row_pow2(b_x):
 def mma(b_s, b_q, b_d, DOT_PRECISION: tl.constexpr):
     """``b_s + b_q @ b_d^T`` ([BM, BK] x [BN, BK] -> [BM, BN] fp32) with the product the selection
     resolved: a Triton ``input_precision``, or "fp16x3" for fp32 tiles: each row scaled by a power
-    of two and split into fp16 hi + lo, three fp16 tensor-core products (hi.hi + hi.lo + lo.hi, the
-    lo.lo term below fp32's rounding), the partial sum unscaled exactly (maxsim._split's idea, on chip)."""
+    of two and split into fp16 hi + lo, three fp16 tensor-core products (hi.lo + lo.hi + hi.hi, the
+    lo.lo term below fp32's rounding), the partial sum unscaled exactly (maxsim._split's idea, on chip).
+    The two small products go first: the tensor cores' accumulator truncates at each k-step, so only
+    hi.hi's steps then truncate at the score's magnitude (docs/kernels.md)."""
     if DOT_PRECISION == "fp16x3":
         b_qf = b_q.to(tl.float32)
         b_df = b_d.to(tl.float32)
@@ -57,9 +59,9 @@ def mma(b_s, b_q, b_d, DOT_PRECISION: tl.constexpr):
         b_ql = (b_qf - b_qh.to(tl.float32)).to(tl.float16)
         b_dh = tl.trans(b_df.to(tl.float16))  # [BK, BN]
         b_dl = tl.trans((b_df - b_df.to(tl.float16).to(tl.float32)).to(tl.float16))
-        b_p = tl.dot(b_qh, b_dh)
-        b_p = tl.dot(b_qh, b_dl, b_p)
-        b_p = tl.dot(b_ql, b_dh, b_p)  # [BM, BN], scaled by q_up d_up
+        b_p = tl.dot(b_qh, b_dl)
+        b_p = tl.dot(b_ql, b_dh, b_p)
+        b_p = tl.dot(b_qh, b_dh, b_p)  # [BM, BN], scaled by q_up d_up
         return b_s + b_p * q_down[:, None] * d_down[None, :]
     else:
         return tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)

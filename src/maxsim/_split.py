@@ -1,12 +1,14 @@
 """fp32 inputs on the 16-bit tensor cores: a two-term fp16 split (``precision="fp16x3"``).
 
 Each fp32 value x (scaled by a power of two s) becomes hi = fp16(x s) and lo = fp16(x s - hi),
-22 of fp32's 24 mantissa bits. A query token is stored as ``[hi, hi, lo]`` and a document token as
-``[hi, lo, hi]`` (width 3d), so that the ordinary 16-bit kernels' one dot product of width 3d is
+22 of fp32's 24 mantissa bits. A query token is stored as ``[hi, lo, hi]`` and a document token as
+``[lo, hi, hi]`` (width 3d), so that the ordinary 16-bit kernels' one dot product of width 3d is
 
-    q_hi . d_hi + q_hi . d_lo + q_lo . d_hi  =  (q . d) s_q s_d  (to ~2^-22, the lo . lo term dropped)
+    q_hi . d_lo + q_lo . d_hi + q_hi . d_hi  =  (q . d) s_q s_d  (to ~2^-22, the lo . lo term dropped)
 
-with every fp16 product exact in the fp32 accumulator. The scores are divided by s_q s_d at the
+with every fp16 product exact in the fp32 accumulator. The small terms come first: the kernels
+sum the width in order and the tensor cores' accumulator truncates at each k-step, so only the
+hi . hi steps truncate at the score's magnitude. The scores are divided by s_q s_d at the
 end (exact: powers of two), and the argmax is the same token. The scale puts each tensor's largest
 magnitude in [2^13, 2^14): far from fp16's overflow (65504), and the lo terms of all but the
 smallest values stay normal numbers. With ``normalize`` the rows are L2-normalised here, in fp32
@@ -55,7 +57,7 @@ def _split_kernel(x_ptr, out_ptr, abs_max_bits_ptr, exponent_ptr, rows, dim, str
                   DOCUMENT: tl.constexpr, NORMALIZE: tl.constexpr, TOP: tl.constexpr,
                   BR: tl.constexpr, BD: tl.constexpr):
     """x [rows, dim] (any row stride, unit column stride) -> out [rows, 3 * dim] fp16:
-    ``[hi, hi, lo]`` (queries) or ``[hi, lo, hi]`` (documents) of ``x 2^k``, k written to
+    ``[hi, lo, hi]`` (queries) or ``[lo, hi, hi]`` (documents) of ``x 2^k``, k written to
     ``exponent`` (from the largest magnitude's bits; TOP - 1 for unit rows)."""
     if NORMALIZE:
         k = tl.full((), TOP - 1, tl.int32)
@@ -76,13 +78,13 @@ def _split_kernel(x_ptr, out_ptr, abs_max_bits_ptr, exponent_ptr, rows, dim, str
     b_hi = b_x.to(tl.float16)
     b_lo = (b_x - b_hi.to(tl.float32)).to(tl.float16)
     p_out = out_ptr + o_r.to(tl.int64)[:, None] * (3 * dim) + o_d[None, :]
-    tl.store(p_out, b_hi, mask=m)
     if DOCUMENT:
-        tl.store(p_out + dim, b_lo, mask=m)
-        tl.store(p_out + 2 * dim, b_hi, mask=m)
-    else:
+        tl.store(p_out, b_lo, mask=m)
         tl.store(p_out + dim, b_hi, mask=m)
-        tl.store(p_out + 2 * dim, b_lo, mask=m)
+    else:
+        tl.store(p_out, b_hi, mask=m)
+        tl.store(p_out + dim, b_lo, mask=m)
+    tl.store(p_out + 2 * dim, b_hi, mask=m)
     if tl.program_id(0) == 0:
         tl.store(exponent_ptr, k)
 

@@ -52,9 +52,9 @@ def test_split_terms_rebuild_the_value_and_lay_out_per_side():
     assert q3.shape == d3.shape == (5, 7, 72) and q3.dtype == torch.float16
     scale = 2.0 ** float(kq)
     assert float(kq) == float(kd) and 2**13 <= float(x.abs().max()) * scale < 2**14
-    hi, lo = q3[..., :24].float(), q3[..., 48:].float()
-    assert torch.equal(q3[..., 24:48], q3[..., :24]) and torch.equal(d3[..., 48:], d3[..., :24])
-    assert torch.equal(d3[..., 24:48], q3[..., 48:])  # documents: [hi, lo, hi]
+    hi, lo = q3[..., :24].float(), q3[..., 24:48].float()  # queries: [hi, lo, hi]
+    assert torch.equal(q3[..., 48:], q3[..., :24]) and torch.equal(d3[..., 48:], q3[..., :24])
+    assert torch.equal(d3[..., 24:48], q3[..., :24]) and torch.equal(d3[..., :24], q3[..., 24:48])  # [lo, hi, hi]
     rebuilt = (hi + lo) / scale
     assert float(((rebuilt - x).abs() / x.abs()).max()) < 2**-21
 
@@ -149,9 +149,12 @@ def test_gradients_are_the_ieee_paths(way):
 
 @pytest.mark.gpu
 def test_gpu_fp16x3_on_a_training_and_a_rerank_shape(way):
-    # In-batch training (64 x 64, masked) and one query against 1K documents, unit-norm tokens.
+    # In-batch training (64 x 64, masked) and one query against 1K and 256 documents, unit-norm
+    # tokens. The tensor cores' accumulator truncates: with hi.hi summed first every product's steps
+    # truncate at the score's magnitude, a bias of about 1e-6 (benchmarks/fp32_precision_emulation.py);
+    # the small products first keep it near 2e-7, which the bound below tells apart.
     torch.manual_seed(0)
-    for nq, nd, lq, ld in ((64, 64, 32, 180), (1, 1000, 32, 300)):
+    for nq, nd, lq, ld in ((64, 64, 32, 180), (1, 1000, 32, 300), (1, 256, 32, 768)):
         Q = torch.nn.functional.normalize(torch.randn(nq, lq, 128, device="cuda"), dim=-1)
         D = torch.nn.functional.normalize(torch.randn(nd, ld, 128, device="cuda"), dim=-1)
         d_mask = torch.arange(ld, device="cuda")[None] < torch.randint(ld // 4, ld + 1, (nd, 1), device="cuda")
@@ -159,5 +162,5 @@ def test_gpu_fp16x3_on_a_training_and_a_rerank_shape(way):
         exact = sim.amax(-1).sum(-1)
         got, arg = maxsim.maxsim(Q, D, d_mask=d_mask, precision="fp16x3", return_argmax=True)
         _, want_arg = maxsim.maxsim(Q, D, d_mask=d_mask, precision="ieee", return_argmax=True)
-        assert _rel(got, exact) <= 1e-6
+        assert _rel(got, exact) <= 6e-7
         assert float((arg == want_arg).float().mean()) > 0.999  # (near-ties may differ in the last bit)
