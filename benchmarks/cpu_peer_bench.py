@@ -3,6 +3,7 @@
     pip install maxsim-cpu==0.1.0
     python benchmarks/cpu_peer_bench.py --rounds 7
     python benchmarks/cpu_peer_bench.py --rounds 7 --isa avx2   # AVX2 code on an AVX-512 machine
+    python benchmarks/cpu_peer_bench.py --rounds 7 --threads 1  # one thread each
 
 One query (or 16) against documents given as a list of ``[L_i, d]`` tensors (PyLate's encode
 output), pre-packed (``[T, d]`` + offsets): ``maxsim.maxsim_varlen``, and padded with masks
@@ -49,9 +50,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--isa", choices=("native", "avx2"), default="native",
                     help="avx2: every library runs its AVX2 code (see above)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for both (torch's and maxsim-cpu's rayon pool); default: torch's count")
     args = ap.parse_args()
-    if args.isa == "avx2" and any(os.environ.get(k) != v for k, v in AVX2_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_ENV})
+    env = dict(AVX2_ENV) if args.isa == "avx2" else {}
+    if args.threads:
+        env["RAYON_NUM_THREADS"] = str(args.threads)  # read when rayon's pool starts
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+    if args.threads:
+        torch.set_num_threads(args.threads)
     import maxsim_cpu
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -61,7 +69,8 @@ def main() -> None:
     if args.isa == "avx2":
         isa += f"; held to AVX2 code: torch {torch.backends.cpu.get_cpu_capability()}, " + ", ".join(
             f"{k}={v}" for k, v in AVX2_ENV.items() if k != "ATEN_CPU_CAPABILITY")
-    print(f"# {cpu} ({isa}), {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"# {cpu} ({isa}), {torch.get_num_threads()} threads (maxsim-cpu: "
+          f"{os.environ.get('RAYON_NUM_THREADS', 'one a core')}), torch {torch.__version__}")
     print("| shape | maxsim list ms | maxsim packed ms | maxsim padded ms | maxsim-cpu ms | list / maxsim-cpu "
           "| max abs diff | max rel diff |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
