@@ -34,10 +34,22 @@ def bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(torch.float32)
 
 
-def fp16_scaled(x: torch.Tensor) -> torch.Tensor:
-    """fp16 of x scaled per row to [2^13, 2^14), scaled back (exact): what the fp16 split keeps."""
+def rounded_split(round_fn):
+    """x -> (hi, lo) = (round(x), round(x - hi)), for a format with fp32's exponent range."""
+    def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hi = round_fn(x)
+        return hi, round_fn(x - hi)
+    return split
+
+
+def fp16_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) as the kernels make them: x scaled per row by a power of two to [2^13, 2^14),
+    hi = fp16(x s), lo = fp16(x s - hi) (same scale: fp16 subnormals where the kernels have
+    them), both scaled back (exact)."""
     scale = torch.exp2(13 - torch.floor(torch.log2(x.abs().amax(-1, keepdim=True))))
-    return (x * scale).to(torch.float16).to(torch.float32) / scale
+    xs = x * scale
+    hi = xs.to(torch.float16).to(torch.float32)
+    return hi / scale, (xs - hi).to(torch.float16).to(torch.float32) / scale
 
 
 def to_fp32(v: torch.Tensor, rounding: str) -> torch.Tensor:
@@ -48,11 +60,10 @@ def to_fp32(v: torch.Tensor, rounding: str) -> torch.Tensor:
     return f.double()
 
 
-def split_product(round_fn, order: tuple[str, ...]):
-    """The product of the hi/lo split by ``round_fn``, its three terms summed in ``order``."""
+def split_product(split, order: tuple[str, ...]):
+    """The product of the hi/lo ``split``, its terms summed in ``order``."""
     def product(a: torch.Tensor, b: torch.Tensor, rounding: str) -> torch.Tensor:  # [M, d] x [N, d] -> [M, N]
-        a_hi, b_hi = round_fn(a), round_fn(b)
-        a_lo, b_lo = round_fn(a - a_hi), round_fn(b - b_hi)
+        (a_hi, a_lo), (b_hi, b_lo) = split(a), split(b)
         terms = {"hi.hi": (a_hi, b_hi), "hi.lo": (a_hi, b_lo), "lo.hi": (a_lo, b_hi)}
         acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
         for term in order:
@@ -66,11 +77,11 @@ def split_product(round_fn, order: tuple[str, ...]):
 SMALL_FIRST, HI_FIRST = ("hi.lo", "lo.hi", "hi.hi"), ("hi.hi", "hi.lo", "lo.hi")
 PRODUCTS = {
     "ieee (fp32 FMA)": lambda a, b, rounding: a @ b.T,
-    "tf32": split_product(tf32, ("hi.hi",)),
-    "tf32x3 (small terms first)": split_product(tf32, SMALL_FIRST),
-    "bf16x3 (small terms first)": split_product(bf16, SMALL_FIRST),
-    "fp16x3 (hi.hi first)": split_product(fp16_scaled, HI_FIRST),
-    "fp16x3 (small terms first)": split_product(fp16_scaled, SMALL_FIRST),
+    "tf32": split_product(rounded_split(tf32), ("hi.hi",)),
+    "tf32x3 (small terms first)": split_product(rounded_split(tf32), SMALL_FIRST),
+    "bf16x3 (small terms first)": split_product(rounded_split(bf16), SMALL_FIRST),
+    "fp16x3 (hi.hi first)": split_product(fp16_split, HI_FIRST),
+    "fp16x3 (small terms first)": split_product(fp16_split, SMALL_FIRST),
 }
 
 
