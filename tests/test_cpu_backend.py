@@ -387,6 +387,18 @@ def test_short_and_long_tasks_of_one_list(two_workers, monkeypatch, dtype):
     assert rel_err(got, oracle(Qp, Dp, qm, dm)[0]) < 1e-6
 
 
+def test_per_document_scores_of_a_list_without_item_lengths_reads_the_shapes():
+    # Called directly (no caller's check), a list's token counts come from the items' shapes.
+    from maxsim.cpu.per_document import per_document_scores
+
+    docs = [rand(n, 8) for n in (5, 0, 70, 3)]
+    q = rand(6, 8)
+    got = per_document_scores(q, torch.zeros(6, dtype=torch.long), 1, docs, len(docs))  # [1, 4]
+    Dp, dm = maxsim.pad(docs)
+    assert got.shape == (1, 4)
+    assert rel_err(got, oracle(q[None], Dp, None, dm)[0]) < 1e-6
+
+
 @pytest.mark.parametrize("layout", ["list", "packed", "padded"])
 def test_compiled_and_python_document_loops_give_the_same_bits(monkeypatch, layout):
     from maxsim.cpu import per_document as cpu_per_document

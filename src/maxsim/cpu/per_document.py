@@ -89,6 +89,11 @@ def _task_size(n_documents: int, workers: int) -> int:
     return min(high, max(low, n_documents // (4 * max(1, workers))))
 
 
+def _shape_lengths(items) -> list[int]:
+    """Each ``[L_j, dim]`` item's ``L_j``, for lists checked before the call."""
+    return [item.shape[0] for item in items]
+
+
 def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries: int, documents,
                         n_documents: int, item_lengths=None) -> torch.Tensor | None:
     """Scores ``[n_queries, n_documents]`` fp32, one GEMM a document, from where the documents lie:
@@ -101,7 +106,10 @@ def per_document_scores(q_rows: torch.Tensor, row_query: torch.Tensor, n_queries
 
     ``item_lengths(items) -> list[int]`` (for a list) is called on each task's items by the thread
     that then scores them (the caller checks the items there). Where it returns
-    :data:`maxsim.cpu.engine.STOP` the call returns None."""
+    :data:`maxsim.cpu.engine.STOP` the call returns None. Left None, each item's token count is read
+    unchecked from its shape (for lists checked beforehand)."""
+    if item_lengths is None:
+        item_lengths = _shape_lengths
     q_t = q_rows.t().contiguous()  # [dim, R]
     R = q_rows.shape[0]
     best = torch.zeros(n_documents, R, dtype=torch.float32)  # [Nd, R]
