@@ -3,6 +3,12 @@
 import triton
 import triton.language as tl
 
+from maxsim._dispatch import interpreting
+
+# The dtype of the row sums that scale fp16x3's document tiles (mma): bf16 on the GPU (fp32's range,
+# half the conversions); fp32 under Triton's interpreter, whose bf16 tensor-core dot is wrong.
+_ROW_SUM_DTYPE = tl.constexpr(tl.float32 if interpreting() else tl.bfloat16)
+
 
 @triton.jit
 def max_nan(a, b):
@@ -41,28 +47,47 @@ def _row_pow2(b_x):
 
 
 @triton.jit
+def _split16(b_xf, up):
+    """fp32 ``b_xf [R, K]`` times ``up [R]``, as fp16 ``(hi, lo)``: hi + lo holds 22 of its bits."""
+    b_xf = b_xf * up[:, None]
+    b_h = b_xf.to(tl.float16)
+    return b_h, (b_xf - b_h.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
 def mma(b_s, b_q, b_d, DOT_PRECISION: tl.constexpr):
     """``b_s + b_q @ b_d^T`` ([BM, BK] x [BN, BK] -> [BM, BN] fp32) with the product the selection
     resolved: a Triton ``input_precision``, or "fp16x3" for fp32 tiles: each row scaled by a power
     of two and split into fp16 hi + lo, three fp16 tensor-core products (hi.lo + lo.hi + hi.hi, the
     lo.lo term below fp32's rounding), the partial sum unscaled exactly (maxsim._split's idea, on chip).
     The two small products go first: the tensor cores' accumulator truncates at each k-step, so only
-    hi.hi's steps then truncate at the score's magnitude (docs/kernels.md)."""
+    hi.hi's steps then truncate at the score's magnitude (docs/kernels.md).
+
+    A block of fewer than 64 query rows against 64 or more document tokens is computed transposed,
+    document tokens as the product's rows: that is wgmma's shape (M >= 64), whose register operand
+    takes the split document tile where it was made. Each document row's scale then comes from its
+    L1 norm (at least its largest magnitude) summed on the tensor cores, not from a max across the
+    row, which would pin the tile to the load's layout and send the split through shared memory."""
     if DOT_PRECISION == "fp16x3":
         b_qf = b_q.to(tl.float32)
         b_df = b_d.to(tl.float32)
         q_up, q_down = _row_pow2(b_qf)  # [BM]
-        d_up, d_down = _row_pow2(b_df)  # [BN]
-        b_qf = b_qf * q_up[:, None]
-        b_df = b_df * d_up[:, None]
-        b_qh = b_qf.to(tl.float16)
-        b_ql = (b_qf - b_qh.to(tl.float32)).to(tl.float16)
-        b_dh = tl.trans(b_df.to(tl.float16))  # [BK, BN]
-        b_dl = tl.trans((b_df - b_df.to(tl.float16).to(tl.float32)).to(tl.float16))
-        b_p = tl.dot(b_qh, b_dl)
-        b_p = tl.dot(b_ql, b_dh, b_p)
-        b_p = tl.dot(b_qh, b_dh, b_p)  # [BM, BN], scaled by q_up d_up
-        return b_s + b_p * q_down[:, None] * d_down[None, :]
+        b_qh, b_ql = _split16(b_qf, q_up)  # [BM, BK] x 2
+        if b_q.shape[0] < 64 and b_d.shape[0] >= 64:
+            ones = tl.full([b_df.shape[1], 16], 1.0, tl.float32).to(_ROW_SUM_DTYPE)
+            d_up, d_down = _row_pow2(tl.dot(tl.abs(b_df).to(_ROW_SUM_DTYPE), ones))  # [BN], from [BN, 16] sums
+            b_dh, b_dl = _split16(b_df, d_up)  # [BN, BK] x 2
+            b_p = tl.dot(b_dh, tl.trans(b_ql))
+            b_p = tl.dot(b_dl, tl.trans(b_qh), b_p)
+            b_p = tl.dot(b_dh, tl.trans(b_qh), b_p)  # [BN, BM], scaled by d_up q_up
+            return b_s + tl.trans(b_p * d_down[:, None] * q_down[None, :])
+        else:
+            d_up, d_down = _row_pow2(b_df)  # [BN]
+            b_dh, b_dl = _split16(b_df, d_up)
+            b_p = tl.dot(b_qh, tl.trans(b_dl))
+            b_p = tl.dot(b_ql, tl.trans(b_dh), b_p)
+            b_p = tl.dot(b_qh, tl.trans(b_dh), b_p)  # [BM, BN], scaled by q_up d_up
+            return b_s + b_p * q_down[:, None] * d_down[None, :]
     else:
         return tl.dot(b_q, tl.trans(b_d), b_s, input_precision=DOT_PRECISION)
 

@@ -6,10 +6,13 @@ tensors), any magnitude, NaN kept to its own document, documents copied in group
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import maxsim
 from conftest import KERNEL_DEVICE
 from maxsim import _split
+from maxsim._kernels import mma
 from maxsim.dense import forward as dense_forward
 from maxsim.tuning import tables as T
 
@@ -145,6 +148,37 @@ def test_gradients_are_the_ieee_paths(way):
         grads[precision] = (q.grad, d.grad)
     for a, b in zip(grads["ieee"], grads["fp16x3"]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@triton.jit
+def _mma_tile(q_ptr, d_ptr, out_ptr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    o_m, o_n, o_k = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+    b_q = tl.load(q_ptr + o_m[:, None] * BK + o_k[None, :])  # [BM, BK]
+    b_d = tl.load(d_ptr + o_n[:, None] * BK + o_k[None, :])  # [BN, BK]
+    b_s = mma(tl.zeros([BM, BN], dtype=tl.float32), b_q, b_d, "fp16x3")
+    tl.store(out_ptr + o_m[:, None] * BN + o_n[None, :], b_s)
+
+
+@pytest.mark.parametrize("bm, bn", [(32, 64), (16, 128), (64, 64)])
+def test_both_orientations_of_the_on_chip_product(bm, bn):
+    # Fewer than 64 query rows against 64+ tokens: document tokens are the product's rows, each
+    # scaled from its L1 norm; otherwise query rows, scaled from their max. Rows of every
+    # magnitude in one tile (each row keeps fp32 accuracy), a zero row, a NaN in one row only.
+    gen = torch.Generator().manual_seed(bm + bn)
+    Q = torch.randn(bm, 64, generator=gen) * torch.logspace(-6, 6, bm)[:, None]
+    D = torch.randn(bn, 64, generator=gen) * torch.logspace(-30, 30, bn)[:, None]
+    D[5] = 0.0
+    D[9, 3] = float("nan")
+    out = torch.empty(bm, bn, device=DEV)
+    _mma_tile[(1,)](Q.to(DEV), D.to(DEV), out, bm, bn, 64)
+    exact = Q.double() @ D.double().T  # [BM, BN]
+    assert torch.isnan(out[:, 9]).all() and not torch.isnan(out[:, torch.arange(bn) != 9]).any()
+    assert torch.equal(out[:, 5].cpu(), torch.zeros(bm))
+    # fp32 accuracy against each dot's own scale (the sum of |q_k d_k|): cancellation aside
+    scale = Q.double().abs() @ D.double().abs().T
+    keep = torch.arange(bn) != 9
+    err = ((out.cpu().double() - exact).abs() / scale.clamp_min(1e-300))[:, keep]
+    assert float(err.max()) <= 2e-6
 
 
 @pytest.mark.gpu
