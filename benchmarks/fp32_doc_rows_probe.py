@@ -29,17 +29,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
-from maxsim._kernels import _row_pow2
+from maxsim._kernels import _row_pow2, _split16
 
 
 @triton.jit
 def split_rows_of(b_x):
     """fp32 ``[R, K]`` -> (hi, lo) fp16 ``[R, K]`` and ``down [R]``: ``b_x = (hi + lo) * down``
-    (each row scaled by a power of two first, as ``maxsim._kernels.mma`` does)."""
+    (each row scaled by its max's power of two, as ``maxsim._kernels.mma`` scales query rows)."""
     up, down = _row_pow2(b_x)
-    b_xs = b_x * up[:, None]
-    b_h = b_xs.to(tl.float16)
-    return b_h, (b_xs - b_h.to(tl.float32)).to(tl.float16), down
+    b_h, b_l = _split16(b_x, up)
+    return b_h, b_l, down
 
 
 @triton.jit
@@ -198,7 +197,7 @@ def doc_rows_scores(Q, D, BN=64, num_warps=4, num_stages=3, waves=4, precision="
     return out
 
 
-def Nq_note(args) -> str:
+def _table_note(args) -> str:
     return (f"one query of {args.lq} tokens x {args.docs} documents of Ld tokens, d {args.d}, fp32, unit-norm, "
             f"no masks; ms: median over {args.rounds} interleaved rounds of triton's do_bench (L2 cleared "
             "before each call); rel err: max |out - ref| / max |ref| against float64")
@@ -226,7 +225,7 @@ def main() -> int:
     except ImportError:
         peer = False
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    print(f"{Nq_note(args)}\n{'Ld':>5} {'provider':<44} {'ms':>7} {'rel err (f64)':>14}")
+    print(f"{_table_note(args)}\n{'Ld':>5} {'provider':<44} {'ms':>7} {'rel err (f64)':>14}")
     for Ld in (int(x) for x in args.ld.split(",")):
         g = torch.Generator(device="cuda").manual_seed(Ld)
         Q = torch.nn.functional.normalize(torch.randn(args.lq, args.d, device="cuda", generator=g), dim=-1)
