@@ -4,11 +4,14 @@ backward; median milliseconds (triton.testing.do_bench) and peak memory, as a ta
 
     python benchmarks/chamfer_bench.py                      # the issue's two shapes, fp32
     python benchmarks/chamfer_bench.py --dtype bfloat16 --shapes 8x16384x16384x3
+    python benchmarks/chamfer_bench.py --norm 1 --dtype float16 --shapes 1x4096x4096x130
     python benchmarks/chamfer_bench.py --sweep              # time the forward kernel's tile choices
 
 flash_chamfer takes one pair of clouds [N, d], [M, d] (no batch): a batch runs as a loop over it.
 It casts fp32 inputs to fp16 for its dot, so its fp32 numbers are not exact; the table's ``err``
-column is each provider's relative error of the loss against a float64 value.
+column is each provider's relative error of the loss against a float64 value. ``first s`` is the
+first call in a fresh process, compilation included. ``--norm 1`` (L1 distances) has no
+flash_chamfer row (it has squared Euclidean only).
 
 Each (provider, pass) cell, and the float64 value, runs in a fresh process (benchmarks/_isolate.py)
 that builds the clouds from a fixed seed: a provider that crashes the CUDA context is a
@@ -33,14 +36,14 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return B, N, M, D
 
 
-def maxsim_loss(x, y, deterministic=False):
+def maxsim_loss(x, y, norm, deterministic=False):
     import maxsim.chamfer
 
-    return maxsim.chamfer.chamfer_distance(x, y, deterministic=deterministic)[0]
+    return maxsim.chamfer.chamfer_distance(x, y, norm=norm, deterministic=deterministic)[0]
 
 
-def cdist_loss(x, y):
-    d = torch.cdist(x.float(), y.float()) ** 2  # [B, N, M]
+def cdist_loss(x, y, norm):
+    d = torch.cdist(x.float(), y.float(), p=norm) ** norm  # [B, N, M]: squared L2, or L1
     return d.min(2).values.mean(1).mean() + d.min(1).values.mean(1).mean()
 
 
@@ -51,15 +54,16 @@ def flash_loss(x, y, train: bool):
     return torch.stack([fn(x[b], y[b]) for b in range(x.shape[0])]).mean()
 
 
-def float64_loss(x, y) -> float:
-    """The default loss in float64 by chunked direct differences (slow, once per shape)."""
+def float64_loss(x, y, norm) -> float:
+    """The loss in float64 by chunked direct differences (slow, once per shape)."""
     total = 0.0
     for b in range(x.shape[0]):
         for a, c in ((x[b], y[b]), (y[b], x[b])):
             c64 = c.double()
-            mins = [torch.cdist(a[s:s + 2048].double(), c64, compute_mode="donot_use_mm_for_euclid_dist").min(1).values
+            mins = [torch.cdist(a[s:s + 2048].double(), c64, p=norm,
+                                compute_mode="donot_use_mm_for_euclid_dist").min(1).values
                     for s in range(0, a.shape[0], 2048)]
-            total += float((torch.cat(mins) ** 2).mean())
+            total += float((torch.cat(mins) ** norm).mean())
     return total / x.shape[0]
 
 
@@ -69,7 +73,10 @@ def fits(B, N, M, free, factor=3) -> bool:
 
 
 def measure(fn, train: bool, x, y):
-    """(median ms, peak MiB above the inputs, the loss) of fn(x, y) (+ backward when train)."""
+    """(median ms, peak MiB above the inputs, the loss, the first call's seconds) of fn(x, y)
+    (+ backward when train)."""
+    import time
+
     from triton.testing import do_bench
 
     xs, ys = (x.detach().requires_grad_(), y.detach().requires_grad_()) if train else (x, y)
@@ -81,32 +88,35 @@ def measure(fn, train: bool, x, y):
             xs.grad = ys.grad = None
         return loss
 
+    t0 = time.perf_counter()
     loss = step()
     torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     ms = do_bench(step, warmup=5, rep=50, return_mode="median")
-    return ms, peak, float(loss.detach())
+    return ms, peak, float(loss.detach()), first_s
 
 
-def providers(B, N, M, free):
+def providers(B, N, M, free, norm):
     """(name, the module it needs or None): the naive path only where it fits (unknown ``free``:
     try it, an OOM is a row)."""
     out = [("maxsim", None), ("maxsim deterministic", None)]
     if free is None or fits(B, N, M, free):
         out.append(("torch.cdist + min", None))
-    out.append(("flash_chamfer", "flash_maxsim"))
+    if norm == 2:
+        out.append(("flash_chamfer", "flash_maxsim"))
     return out
 
 
-def provider_fn(name, train: bool):
+def provider_fn(name, train: bool, norm: int):
     return {
-        "maxsim": lambda x, y: maxsim_loss(x, y),
-        "maxsim deterministic": lambda x, y: maxsim_loss(x, y, deterministic=True),
-        "torch.cdist + min": cdist_loss,
+        "maxsim": lambda x, y: maxsim_loss(x, y, norm),
+        "maxsim deterministic": lambda x, y: maxsim_loss(x, y, norm, deterministic=True),
+        "torch.cdist + min": lambda x, y: cdist_loss(x, y, norm),
         "flash_chamfer": lambda x, y: flash_loss(x, y, train),
     }[name]
 
@@ -121,43 +131,45 @@ def clouds(text: str, dtype_name: str):
     return x, y
 
 
-def exact_cell(text: str, dtype_name: str) -> dict:
+def exact_cell(text: str, dtype_name: str, norm: int) -> dict:
     """The float64 loss of a shape, and the GPU memory left free around its clouds."""
     x, y = clouds(text, dtype_name)
-    exact = float64_loss(x, y)
+    exact = float64_loss(x, y, norm)
     torch.cuda.empty_cache()  # the float64 scratch is not the providers'
     return {"exact": exact, "free": torch.cuda.mem_get_info()[0]}
 
 
-def measure_cell(text: str, dtype_name: str, name: str, train: bool) -> dict:
+def measure_cell(text: str, dtype_name: str, name: str, train: bool, norm: int) -> dict:
     """One provider, one pass, in its own process."""
-    ms, peak, loss = measure(provider_fn(name, train), train, *clouds(text, dtype_name))
-    return {"ms": ms, "peak": peak, "loss": loss}
+    ms, peak, loss, first_s = measure(provider_fn(name, train, norm), train, *clouds(text, dtype_name))
+    return {"ms": ms, "peak": peak, "loss": loss, "first_s": first_s}
 
 
-def run(shapes, dtype, timeout_s=DEFAULT_TIMEOUT_S):
+def run(shapes, dtype, norm=2, timeout_s=DEFAULT_TIMEOUT_S):
     rows = []
     dtype_name = str(dtype).replace("torch.", "")
     for text in shapes:
         B, N, M, D = parse_shape(text)
-        reference = run_isolated(exact_cell, text, dtype_name, timeout_s=timeout_s)
+        reference = run_isolated(exact_cell, text, dtype_name, norm, timeout_s=timeout_s)
         if reference["status"] != "ok":
             print(f"{text}: the float64 loss {failed(reference)}; err left out")
         exact, free = reference.get("exact"), reference.get("free")
-        for (name, module), train in itertools.product(providers(B, N, M, free), (False, True)):
+        for (name, module), train in itertools.product(providers(B, N, M, free, norm), (False, True)):
             if name == "maxsim deterministic" and not train:
                 continue
             passes = "fwd+bwd" if train else "fwd"
             if module is not None and importlib.util.find_spec(module) is None:
-                rows.append((text, dtype_name, name, passes, "not installed", "-", "-", module))
+                rows.append((text, dtype_name, name, passes, "not installed", "-", "-", "-", module))
                 continue
-            result = run_isolated(measure_cell, text, dtype_name, name, train, timeout_s=timeout_s)
+            result = run_isolated(measure_cell, text, dtype_name, name, train, norm, timeout_s=timeout_s)
             if result["status"] != "ok":
-                rows.append((text, dtype_name, name, passes, result["status"], "-", "-", failed(result)))
+                rows.append((text, dtype_name, name, passes, result["status"], "-", "-", "-", failed(result)))
                 continue
             err = "-" if exact is None else f"{abs(result['loss'] - exact) / abs(exact):.1e}"
-            rows.append((text, dtype_name, name, passes, f"{result['ms']:.3f}", f"{result['peak']:.0f}", err, ""))
-    print_table(("shape BxNxMxD", "dtype", "provider", "pass", "median ms", "peak MiB", "err", "note"), rows)
+            rows.append((text, dtype_name, name, passes, f"{result['ms']:.3f}", f"{result['peak']:.0f}", err,
+                         f"{result['first_s']:.1f}", ""))
+    print_table(("shape BxNxMxD", "dtype", "provider", "pass", "median ms", "peak MiB", "err", "first s", "note"),
+                rows)
 
 
 def sweep(shapes, dtype):
@@ -196,6 +208,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="BxNxMxD")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--norm", type=int, default=2, choices=(1, 2), help="2: squared Euclidean; 1: L1")
     parser.add_argument("--sweep", action="store_true", help="time the forward kernel's tiles instead")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds one cell may take before its process is killed (a 'timeout' row)")
@@ -206,7 +219,7 @@ def main():
     if args.sweep:
         sweep(args.shapes, dtype)
     else:
-        run(args.shapes, dtype, args.timeout)
+        run(args.shapes, dtype, args.norm, args.timeout)
 
 
 if __name__ == "__main__":

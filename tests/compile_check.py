@@ -262,11 +262,15 @@ def varlen_variants():
 
 def chamfer_variants():
     """The Chamfer family (maxsim/chamfer/): the direct and dot forwards, both backwards."""
-    base = dict(D=3, BM=64, BN=64, BK=16, NUM_K=1, NORM=2, DOT=False, BOTH=True, DOT_PRECISION="ieee", DOT_UPCAST=False)
+    base = dict(D=3, BM=64, BN=64, BK=16, NUM_K=1, NORM=2, DOT=False, BOTH=True, DOT_PRECISION="ieee", DOT_UPCAST=False,
+                UNROLL_D=True)
     fptrs = dict(x_ptr="fp32", y_ptr="fp32", xlen_ptr="i64", ylen_ptr="i64", dist_x_ptr="fp32", idx_x_ptr="i32",
                  dist_y_ptr="fp32", idx_y_ptr="i32")
     yield "chamfer fwd direct D=3 fp32", _chamfer_fwd_kernel, base, fptrs, 8
     yield "chamfer fwd direct L1 D=3 bf16", _chamfer_fwd_kernel, dict(base, NORM=1), dict(fptrs, x_ptr="bf16", y_ptr="bf16"), 4
+    # wide L1 points: the coordinates as a loop (as chamfer_forward launches them past 16)
+    yield "chamfer fwd direct L1 D=130 fp16", _chamfer_fwd_kernel, dict(base, D=130, NORM=1, UNROLL_D=False), \
+        dict(fptrs, x_ptr="fp16", y_ptr="fp16"), 8
     yield "chamfer fwd dot D=128 bf16", _chamfer_fwd_kernel, dict(base, D=128, BM=128, BK=64, NUM_K=2, DOT=True,
                                                                   DOT_PRECISION="tf32"), \
         dict(fptrs, x_ptr="bf16", y_ptr="bf16"), 8

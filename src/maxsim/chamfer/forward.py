@@ -40,6 +40,9 @@ from maxsim._dispatch import interpreting
 from maxsim._launch import launch
 
 INF = float("inf")
+# The direct kernel unrolls up to this many coordinates and loops beyond: unrolled, the 130
+# coordinates of a wide L1 call took minutes to compile for sm_90.
+_UNROLL_MAX_D = 16
 
 
 @triton.jit
@@ -53,6 +56,20 @@ def _not_finite(v):
     return (v != v) | (tl.abs(v) == float("inf"))
 
 
+@triton.jit
+def _add_coordinate(b_d, tgt_bad, p_xk, p_yk, m_src, m_t, NORM: tl.constexpr):
+    """One coordinate of the direct kernel: b_d [BM, BN] += |x_k - y_k| (norm 1) or its square;
+    tgt_bad [BN] also flags the target points whose coordinate is not finite."""
+    b_xk = tl.load(p_xk, mask=m_src, other=0.0).to(tl.float32)  # [BM]
+    b_yk = tl.load(p_yk, mask=m_t, other=0.0).to(tl.float32)  # [BN]
+    b_diff = b_xk[:, None] - b_yk[None, :]  # [BM, BN]
+    if NORM == 1:
+        b_d += tl.abs(b_diff)
+    else:
+        b_d += b_diff * b_diff
+    return b_d, tgt_bad | _not_finite(b_yk)
+
+
 @triton.jit(do_not_specialize=["N", "M", "n_blocks_x", "stride_xb", "stride_yb"])
 def _chamfer_fwd_kernel(
     x_ptr, y_ptr, xlen_ptr, ylen_ptr,
@@ -64,6 +81,7 @@ def _chamfer_fwd_kernel(
     NORM: tl.constexpr, DOT: tl.constexpr, BOTH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,  # Triton's interpreter computes bf16 dots wrongly: upcast there
+    UNROLL_D: tl.constexpr,  # the direct kernel's coordinates unrolled (few) or a loop
 ):
     """Program (i_blk, b): rows i_blk * BM.. of x against y (i_blk < n_blocks_x), else rows of y
     against x (BOTH). Writes dist [BM] fp32 and idx [BM] int32 for its rows."""
@@ -112,10 +130,12 @@ def _chamfer_fwd_kernel(
             src_bad = src_bad | (tl.max(_not_finite(b_srcf).to(tl.int32), axis=1) > 0)
         if NUM_K == 1:
             b_src_block = b_src  # stays on chip for the program's lifetime
-    else:
+    elif UNROLL_D:
         for k in tl.static_range(D):
-            b_xk = tl.load(p_rows + k, mask=m_src, other=0.0).to(tl.float32)  # [BM]
-            src_bad = src_bad | _not_finite(b_xk)
+            src_bad = src_bad | _not_finite(tl.load(p_rows + k, mask=m_src, other=0.0).to(tl.float32))  # [BM]
+    else:
+        for k in range(D):
+            src_bad = src_bad | _not_finite(tl.load(p_rows + k, mask=m_src, other=0.0).to(tl.float32))  # [BM]
     block_bad = tl.max(src_bad.to(tl.int32), axis=0) > 0
 
     b_best = tl.full([BM, BN], float("inf"), dtype=tl.float32)
@@ -151,15 +171,12 @@ def _chamfer_fwd_kernel(
                 b_d = tl.where(b_raw != b_raw, b_raw, b_d)
         else:
             b_d = tl.zeros([BM, BN], dtype=tl.float32)
-            for k in tl.static_range(D):
-                b_xk = tl.load(p_rows + k, mask=m_src, other=0.0).to(tl.float32)  # [BM] (L1)
-                b_yk = tl.load(p_cols + k, mask=m_t, other=0.0).to(tl.float32)  # [BN]
-                tgt_bad = tgt_bad | _not_finite(b_yk)
-                b_diff = b_xk[:, None] - b_yk[None, :]  # [BM, BN]
-                if NORM == 1:
-                    b_d += tl.abs(b_diff)
-                else:
-                    b_d += b_diff * b_diff
+            if UNROLL_D:
+                for k in tl.static_range(D):
+                    b_d, tgt_bad = _add_coordinate(b_d, tgt_bad, p_rows + k, p_cols + k, m_src, m_t, NORM)
+            else:
+                for k in range(D):
+                    b_d, tgt_bad = _add_coordinate(b_d, tgt_bad, p_rows + k, p_cols + k, m_src, m_t, NORM)
         if (i_t + 1) * BN > tgt_len:
             # Only the ragged last tile pays for the bounds mask.
             b_d = tl.where(m_t[None, :], b_d, float("inf"))
@@ -211,7 +228,8 @@ def chamfer_forward(x: torch.Tensor, y: torch.Tensor, x_len: torch.Tensor, y_len
             N, M, n_blocks_x, x.stride(0), x.stride(1), y.stride(0), y.stride(1))
     constexprs = dict(D=D, BM=BM, BN=BN, BK=BK, NUM_K=-(-D // BK), NORM=norm, DOT=dot, BOTH=both,
                       DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                      DOT_UPCAST=interpreting() and x.dtype == torch.bfloat16)
+                      DOT_UPCAST=interpreting() and x.dtype == torch.bfloat16,
+                      UNROLL_D=D <= _UNROLL_MAX_D)
     launch(_chamfer_fwd_kernel, (n_blocks, B), args, constexprs, num_warps=config["num_warps"],
            num_stages=config["num_stages"])
     return dist_x, idx_x, dist_y, idx_y
