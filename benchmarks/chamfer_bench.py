@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import time
 
 import torch
 from _isolate import DEFAULT_TIMEOUT_S, failed, run_isolated
@@ -75,8 +76,6 @@ def fits(B, N, M, free, factor=3) -> bool:
 def measure(fn, train: bool, x, y):
     """(median ms, peak MiB above the inputs, the loss, the first call's seconds) of fn(x, y)
     (+ backward when train)."""
-    import time
-
     from triton.testing import do_bench
 
     xs, ys = (x.detach().requires_grad_(), y.detach().requires_grad_()) if train else (x, y)
