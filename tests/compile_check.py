@@ -37,6 +37,7 @@ from maxsim.varlen.backward import _varlen_bwd_atomic_kernel, _varlen_bwd_owned_
 from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_kernel
 from maxsim.varlen.stream import _maxsim_varlen_stream_kernel
 from maxsim.index.approx import _plaid_approx_kernel
+from maxsim.compressed.residual_lut import _residual_lut_kernel, decoder_asm
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
@@ -325,6 +326,20 @@ def compressed_variants():
             dict(BT=32, BLQ=32, KEEP=keep, EMPTY=-9999.0), approx_ptrs, 4, 2
 
 
+
+def residual_lut_variants():
+    """The look-up residual scorer (maxsim/compressed/residual_lut.py): codes expanded by a byte
+    permute into the int8 dot's register operand, 2 and 4 bits, as the probe launches it."""
+    ptrs = dict(codes_ptr="u8", cid_ptr="i32", inv_ptr="fp32", cu_ptr="i64", q_ptr="i8", qs_ptr="fp32",
+                tab_ptr="fp16", lut_ptr="i8", gdoc_ptr="i32", out_ptr="fp32")
+    luts = {2: [-90, -30, 30, 90], 4: list(range(-120, 120, 15))}
+    for nbits, bt in ((2, 128), (4, 128), (2, 64)):
+        asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
+        consts = dict(DIM=128, NBITS=nbits, LQ=32, QPB=1, BT=bt, G=16, USE_ASM=True, NO_TABLE=False, PREFETCH=True,
+                      ABLATE=0, EPI=0, **asms)
+        yield f"residual lut nbits={nbits} BT {bt}", _residual_lut_kernel, consts, ptrs, 4, 3
+
+
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
 EXPECT_WGMMA = {
     "fwd short stacked (32q x 100K)", "fwd long query (ColPali)", "fwd 128 rows running max", "fwd d=768",
@@ -334,7 +349,8 @@ EXPECT_WGMMA = {
     "chamfer fwd dot D=128 bf16", "head fwd 128 rows masks argmax", "residual stream 128 stacked rows",
     "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
     "varlen cross fp32 tf32x3", "varlen stream int8 x int8, 32 queries", "pq stream 32 queries",
-    "codec assignment fp16 argmax",
+    "codec assignment fp16 argmax", "residual lut nbits=2 BT 128", "residual lut nbits=4 BT 128",
+    "residual lut nbits=2 BT 64",
 }
 
 
@@ -416,6 +432,7 @@ def all_variants():
     jobs += [(name, k, c, p, w, 2) for name, k, c, p, w in chamfer_variants()]
     jobs += list(head_variants())
     jobs += list(compressed_variants())
+    jobs += list(residual_lut_variants())
     jobs += list(varlen_selection_variants())
     return jobs
 

@@ -1,0 +1,176 @@
+"""The look-up residual scorer (maxsim.compressed.residual_lut): its code layout, the byte-permute
+decoder's contract (emulated bit by bit on the CPU), and its scores against a float64 emulation of
+the same arithmetic and against the exact scores within the quantisation's worst-case bound."""
+
+import pytest
+import torch
+
+from maxsim.compressed import ResidualCodec
+from maxsim.compressed.residual_lut import (
+    bit_positions,
+    build_layout,
+    decoder_asm,
+    kernel_layout,
+    lut_emulation,
+    lut_reference,
+    lut_scores,
+)
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode): byte i of the result is byte (nibble i of sel & 7) of {b, a}."""
+    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = pool[nib & 7]
+        if nib & 8:  # sign-replicate mode: never used by the decoder
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def _run_asm(asm: str, word: int) -> int:
+    """Executes the decoder's PTX (mov, shr, and, or, prmt, lop3) on one 32-bit word."""
+    regs = {"$1": word}
+    body = asm.strip("{} ").split(";")
+    for stmt in body:
+        stmt = stmt.strip()
+        if not stmt or stmt.startswith(".reg"):
+            continue
+        op, args = stmt.split(None, 1)
+        args = [a.strip() for a in args.split(",")]
+        val = [regs[a] if a in regs else int(a, 0) for a in args[1:]]
+        if op == "mov.b32":
+            r = val[0]
+        elif op == "shr.b32":
+            r = val[0] >> val[1]
+        elif op == "and.b32":
+            r = val[0] & val[1]
+        elif op == "or.b32":
+            r = val[0] | val[1]
+        elif op == "prmt.b32":
+            r = _prmt(val[0], val[1], val[2])
+        elif op == "lop3.b32":
+            a, b, c, lut = val
+            r = 0
+            for bit in range(32):
+                idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
+                r |= ((lut >> idx) & 1) << bit  # the truth table indexed by the three input bits
+        else:
+            raise AssertionError(f"unexpected PTX {op}")
+        regs[args[0]] = r & 0xFFFFFFFF
+    return regs["$0"]
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_layout_puts_every_code_where_the_decoder_reads_it(nbits):
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    buckets = torch.randint(0, 1 << nbits, (7, 128), generator=g)
+    rows = kernel_layout(buckets, nbits)  # [7, 128 * nbits / 8]
+    assert rows.shape == (7, 128 * nbits // 8) and rows.dtype == torch.uint8
+    byte, shift = bit_positions(nbits, 128)
+    fields = (rows[:, byte].long() >> shift) & ((1 << nbits) - 1)
+    assert torch.equal(fields, buckets)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_decoder_asm_expands_each_word_to_its_weights(nbits):
+    """The PTX each slice runs, executed on the CPU: word i of a group gives columns 4i..4i+3 of
+    its slice, byte e holding lut[bucket of column 4i + e] (the pack order the GPU run confirmed)."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    lut = torch.randint(-127, 128, (1 << nbits,), generator=g).tolist()
+    buckets = torch.randint(0, 1 << nbits, (3, 128), generator=g)
+    rows = kernel_layout(buckets, nbits).long()
+    per_group = 4 if nbits == 2 else 2
+    for t in range(3):
+        for k in range(4):
+            grp, slot = divmod(k, per_group)
+            asm = decoder_asm(nbits, slot, lut)
+            for i in range(8):
+                w = sum(int(rows[t, 32 * grp + 4 * i + e]) << (8 * e) for e in range(4))
+                out = _run_asm(asm, w)
+                got = [((out >> (8 * e)) & 0xFF) - (256 if (out >> (8 * e)) & 0x80 else 0) for e in range(4)]
+                want = [lut[int(buckets[t, 32 * k + 4 * i + e])] for e in range(4)]
+                assert got == want, (t, k, i)
+
+
+def _case(nbits, seed, num_docs=23, dim=128):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.nn.functional.normalize(torch.randn(2000, dim, generator=g), dim=-1)
+    codec = ResidualCodec.train(x, nbits, num_centroids=32, seed=seed % 1000)
+    lengths = torch.randint(0, 41, (num_docs,), generator=g)
+    lengths[2] = 0
+    lengths[-1] = 0
+    cu = torch.zeros(num_docs + 1, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    tokens = torch.nn.functional.normalize(torch.randn(int(cu[-1]), dim, generator=g), dim=-1)
+    codes, residuals = codec.encode(tokens)
+    Q = torch.nn.functional.normalize(torch.randn(3, 20, dim, generator=g), dim=-1)
+    return codec, codes, residuals, cu, Q
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+@pytest.mark.parametrize("epilogue,block", [(0, 32), (1, 32), (0, 64)])
+def test_scores_match_the_emulation(nbits, epilogue, block):
+    codec, codes, residuals, cu, Q = _case(nbits, int(torch.randint(0, 2**31, ()).item()))
+    layout = build_layout(codec, codes, residuals, cu)
+    q_mask = torch.ones(3, 20, dtype=torch.bool)
+    q_mask[1, 15:] = False
+    got = lut_scores(Q, layout, codec.centroids, q_mask=q_mask, block_tokens=block, epilogue=epilogue,
+                     table_dtype=torch.float32)
+    want = lut_emulation(Q, codec, codes, residuals, cu, layout, q_mask=q_mask, table_dtype=torch.float32)
+    assert got.shape == (3, cu.numel() - 1)
+    # fp32 rounding of 20 row maxima of terms up to ~1.5 (plus the table and the stored norm)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)  # empty documents
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_scores_within_the_quantisation_bound_of_the_exact_ones(nbits):
+    """|error| <= sum_j d max|q_j| max|w| / 127 * max inv_norm, plus the fp16 table's rounding:
+    the worst case of rounding q_j and the weights to int8 (each off by half a step)."""
+    codec, codes, residuals, cu, Q = _case(nbits, int(torch.randint(0, 2**31, ()).item()))
+    layout = build_layout(codec, codes, residuals, cu)
+    got = lut_scores(Q, layout, codec.centroids).double()
+    exact = lut_reference(Q, codec, codes, residuals, cu)
+    w_max = float(codec.bucket_weights.abs().max())
+    inv_max = float(layout.inv_norm.max())
+    bound = (128 * Q.abs().amax(-1).double().sum(-1) * w_max / 127 * inv_max  # [Nq]
+             + Q.shape[1] * 2.0 ** -11 * inv_max * 1.01)
+    err = (got - exact).abs()
+    assert torch.all(err <= bound[:, None]), float((err - bound[:, None]).max())
+    assert float(err.max()) > 0  # a real approximation: the bound is not met by accident of equality
+
+
+def test_a_centroid_id_outside_the_table_makes_its_document_nan():
+    codec, codes, residuals, cu, Q = _case(2, int(torch.randint(0, 2**31, ()).item()))
+    layout = build_layout(codec, codes, residuals, cu)
+    doc = 4
+    layout.cid[layout.cu[doc]] = codec.num_centroids  # one token of document 4
+    got = lut_scores(Q, layout, codec.centroids)
+    assert torch.isnan(got[:, doc]).all()
+    others = torch.ones(got.shape[1], dtype=torch.bool)
+    others[doc] = False
+    assert not torch.isnan(got[:, others]).any()
+
+
+def test_layout_pads_documents_by_repeating_their_last_token():
+    codec, codes, residuals, cu, _ = _case(4, int(torch.randint(0, 2**31, ()).item()))
+    layout = build_layout(codec, codes, residuals, cu, group=16)
+    lengths = cu[1:] - cu[:-1]
+    padded = layout.cu[1:] - layout.cu[:-1]
+    assert torch.equal(padded, (lengths + 15) // 16 * 16)
+    for j in torch.nonzero(lengths).flatten().tolist():
+        lo, hi, plo = int(cu[j]), int(cu[j + 1]), int(layout.cu[j])
+        assert torch.equal(layout.cid[plo:plo + hi - lo], codes[lo:hi].int())
+        assert torch.all(layout.cid[plo + hi - lo:int(layout.cu[j + 1])] == int(codes[hi - 1]))
+    assert torch.equal(layout.group_doc, torch.repeat_interleave(torch.arange(lengths.numel()), padded // 16).int())
+
+
+def test_rejects_what_the_decoder_cannot_read():
+    x = torch.nn.functional.normalize(torch.randn(500, 64), dim=-1)
+    codec = ResidualCodec.train(x, 2, num_centroids=8)
+    codes, residuals = codec.encode(x[:10])
+    with pytest.raises(ValueError, match="d 128"):
+        build_layout(codec, codes, residuals, torch.tensor([0, 10]))
