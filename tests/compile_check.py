@@ -38,6 +38,7 @@ from maxsim.varlen.forward import _maxsim_pairs_kernel, _maxsim_varlen_cross_ker
 from maxsim.varlen.stream import _maxsim_varlen_stream_kernel
 from maxsim.index.approx import _plaid_approx_kernel
 from maxsim.compressed.residual_lut import _residual_lut_kernel, decoder_asm
+from maxsim.compressed.residual_gluon import _residual_lut_gluon_kernel
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
@@ -338,6 +339,11 @@ def residual_lut_variants():
         consts = dict(DIM=128, NBITS=nbits, LQ=32, QPB=1, BT=bt, G=16, USE_ASM=True, NO_TABLE=False, PREFETCH=True,
                       ABLATE=0, EPI=0, **asms)
         yield f"residual lut nbits={nbits} BT {bt}", _residual_lut_kernel, consts, ptrs, 4, 3
+    gluon_ptrs = {k: v for k, v in ptrs.items() if k != "lut_ptr"}
+    for nbits in (2, 4):  # the Gluon scorer, as the probe measured it (BT 64)
+        asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
+        yield f"residual lut gluon nbits={nbits}", _residual_lut_gluon_kernel, \
+            dict(NBITS=nbits, LQ=32, BT=64, G=16, **asms), gluon_ptrs, 4, 1
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
@@ -350,7 +356,7 @@ EXPECT_WGMMA = {
     "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
     "varlen cross fp32 tf32x3", "varlen stream int8 x int8, 32 queries", "pq stream 32 queries",
     "codec assignment fp16 argmax", "residual lut nbits=2 BT 128", "residual lut nbits=4 BT 128",
-    "residual lut nbits=2 BT 64",
+    "residual lut nbits=2 BT 64", "residual lut gluon nbits=2", "residual lut gluon nbits=4",
 }
 
 

@@ -209,9 +209,12 @@ def _residual_lut_kernel(
             acc = tl.dot(_decode_slice(b_w1, p_row, lut_ptr, m_t, 3, ASM3, USE_ASM, NBITS, W), b_q3, acc,
                          out_dtype=tl.int32)
         b_f = acc.to(tl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
-        b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
-        if not NO_TABLE:
-            b_s += b_tab.to(tl.float32)
+        if NO_TABLE:
+            b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
+        elif tab_ptr.dtype.element_ty == tl.float32:  # the table holds T - 1.5 * 2**23 * qs already
+            b_s = tl.fma(b_f, b_qs[None, :], b_tab)
+        else:
+            b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(tl.float32)
         b_s = b_s * b_inv[:, None]
         if ABLATE == 1:  # ablation: one max over the tile, no document boundaries
             b_carry = max_nan(b_carry, tl.reduce(b_s, 0, max_nan))
@@ -290,6 +293,9 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, t_hi, o_tt, num_centroids
 
 # ---------------------------------------------------------------------- host side
 LUT_DIM = 128  # the decoder's fixed width (4 slices); other widths take the plane-by-plane kernel
+# Rows of padding after a layout's last token (and groups after its last group): the Gluon kernel
+# reads whole tiles (and the next one ahead) without masks.
+TAIL_TOKENS = 512
 
 
 class LutLayout:
@@ -306,6 +312,8 @@ class LutLayout:
             lengths = (cu[1:] - cu[:-1]) // group
             group_doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device, dtype=torch.int32),
                                                 lengths)
+            group_doc = torch.cat([group_doc, torch.full((TAIL_TOKENS // group + 1,), -1, dtype=torch.int32,
+                                                         device=cu.device)])
         self.group_doc = group_doc
         self.nbits, self.lut, self.scale, self.group = nbits, list(lut), float(scale), int(group)
 
@@ -346,18 +354,19 @@ def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.
     cu = cu.to(device=device, dtype=torch.int64)
     cu_p, source = padded_offsets(cu, group)
     total = source.numel()
-    out_codes = torch.empty(total, codec.packed_dim, dtype=torch.uint8, device=device)
-    out_cid = torch.empty(total, dtype=torch.int32, device=device)
-    out_inv = torch.empty(total, dtype=torch.float32, device=device)
+    out_codes = torch.zeros(total + TAIL_TOKENS, codec.packed_dim, dtype=torch.uint8, device=device)
+    out_cid = torch.zeros(total + TAIL_TOKENS, dtype=torch.int32, device=device)
+    out_inv = torch.zeros(total + TAIL_TOKENS, dtype=torch.float32, device=device)
     table = codec._table(device)
     for start in range(0, total, chunk):
-        src = source[start:start + chunk]
+        stop = min(total, start + chunk)
+        src = source[start:stop]
         c, r = codes[src].to(device), residuals[src]
         buckets = table[r.long()].reshape(r.shape[0], codec.dim)  # [n, d]
-        out_codes[start:start + chunk] = kernel_layout(buckets, codec.nbits)
-        out_cid[start:start + chunk] = c.to(torch.int32)
+        out_codes[start:stop] = kernel_layout(buckets, codec.nbits)
+        out_cid[start:stop] = c.to(torch.int32)
         x = codec.decode(c, r, normalize=False, dtype=torch.float32).to(device)  # [n, d]
-        out_inv[start:start + chunk] = 1.0 / x.norm(dim=-1).clamp_min(1e-12)
+        out_inv[start:stop] = 1.0 / x.norm(dim=-1).clamp_min(1e-12)
     lut, scale = quantized_weights(codec.bucket_weights)
     return LutLayout(out_codes, out_cid, out_inv, cu_p, codec.nbits, lut, scale, group)
 
@@ -371,7 +380,8 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
                     table_dtype=torch.float16):
     """(q~ [Nq_pad, LQ, d] int8, qs [Nq_pad, LQ] fp32, T [Nq_pad, C, LQ], LQ) for Q ``[Nq, Lq, d]``:
     rows quantised to int8 with one scale each, qs = s_j * s_r, T = Q @ C^T (masked and padding
-    rows 0, so they add nothing to a score)."""
+    rows 0, so they add nothing to a score). An fp32 table holds ``T - 1.5 * 2**23 * qs`` (the
+    accumulator's float offset folded in: one fma a score instead of an fma and an add)."""
     Nq, Lq, dim = Q.shape
     LQ = max(16, triton.next_power_of_2(Lq))
     Nq_pad = -(-Nq // qpb) * qpb
@@ -383,7 +393,8 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q8 = torch.round(q / s[..., None]).clamp(-127, 127).to(torch.int8)
     qs = _round22(torch.where(amax > 0, s * scale, torch.zeros_like(s)))
-    tab = torch.einsum("nld,cd->ncl", q, centroids.to(device=Q.device, dtype=torch.float32)).to(table_dtype)
+    tab = torch.einsum("nld,cd->ncl", q, centroids.to(device=Q.device, dtype=torch.float32))
+    tab = (tab - 12582912.0 * qs[:, None, :]) if table_dtype == torch.float32 else tab.to(table_dtype)
     return q8.contiguous(), qs.contiguous(), tab.contiguous(), LQ
 
 
@@ -453,6 +464,8 @@ def lut_emulation(Q: torch.Tensor, codec, codes, residuals, cu, layout: LutLayou
         lo, hi = int(cu[j]), int(cu[j + 1])
         if hi > lo:
             acc = torch.einsum("nld,td->ntl", q8[:Nq].double(), w8[lo:hi])  # [Nq, t, LQ]
+            if tab.dtype == torch.float32:  # the offset folded into the table (prepare_queries)
+                acc = acc + 12582912.0
             s = (tab[:Nq, codes[lo:hi].long(), :].double() + qs[:Nq, None, :].double() * acc) * inv[None, lo:hi, None]
             out[:, j] = s.amax(1).sum(-1)
     return out
