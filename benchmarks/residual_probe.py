@@ -7,9 +7,11 @@ random (every centroid row of the table equally likely: the look-up's worst case
 
 - ``lut``: :mod:`maxsim.compressed.residual_lut` (codes expanded to int8 weights in registers by a
   byte permute, int8 tensor-core dot against the quantised query, the centroid term gathered from
-  a per-query ``Q @ C^T`` table, stored norms, max and sum fused), over a few tiles, and three
-  ablations that split its time: no table gather (``no table``), an fp32 table, and a copy of
-  the same bytes (``bytes``: the codes, ids and norms read by a plain reduction);
+  a per-query ``Q @ C^T`` table, stored norms, max and sum fused) and its Gluon form
+  :mod:`maxsim.compressed.residual_gluon` ("gluon ..." rows), over a few tiles; with
+  ``--ablations`` the Triton scorer's ablations that split its time (no table gather, no
+  per-document max, no decode, neither gather nor max); and the same bytes read by a plain
+  reduction (``bytes``: the stream's floor);
 - ``fp16``: ``maxsim.maxsim_varlen`` on the corpus decoded to fp16 (the bar's baseline);
 - ``plane``: today's plane-by-plane residual kernel (``maxsim_residual_varlen``);
 - ``gemlite``: GemLite 0.6.0's A16W2 / A16W4 GEMM at M 32, K 128 over 8M output columns (pure
@@ -183,21 +185,24 @@ def main():
     p.add_argument("--gemlite-n", type=int, default=8 << 20)
     p.add_argument("--out", default=None)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--ablations", action="store_true", help="also time the Triton scorer's ablations")
     p.add_argument("--profile", action="store_true", help="build one 2-bit case, score it twice (for ncu)")
     p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: fp16 plane gemlite")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [
-        dict(label="gluon BT128", gluon=True), dict(label="gluon BT64", gluon=True, block_tokens=64),
-        dict(label="gluon BT128 fp32 table", gluon=True, table="fp32"),
-        dict(label="gluon BT64 fp32 table", gluon=True, block_tokens=64, table="fp32"),
-        dict(label="gluon BT64 fp32 table waves8", gluon=True, block_tokens=64, table="fp32", waves=8),
-        dict(label="gluon BT128 fp32 table waves8", gluon=True, table="fp32", waves=8),
-        dict(label="BT128 w4 waves8", waves=8), dict(label="BT128 w4 waves8 fp32 table", waves=8, table="fp32"),
-        dict(label="ablation: no table", no_table=True), dict(label="ablation: no document max", ablate=1),
-        dict(label="ablation: no decode", ablate=2), dict(label="ablation: no table, no doc max", no_table=True, ablate=1),
-        dict(label="q32 qpb2", queries=32, qpb=2),
+        dict(label="gluon BT64", gluon=True), dict(label="gluon BT64 maxnreg 96", gluon=True, maxnreg=96),
+        dict(label="gluon BT64 maxnreg 80", gluon=True, maxnreg=80), dict(label="gluon BT64 waves8", gluon=True, waves=8),
+        dict(label="gluon BT128", gluon=True, block_tokens=128),
+        dict(label="BT128 w4 waves8", waves=8),
     ]
+    if args.ablations:
+        variants += [
+            dict(label="ablation: no table", no_table=True), dict(label="ablation: no document max", ablate=1),
+            dict(label="ablation: no decode", ablate=2),
+            dict(label="ablation: no table, no doc max", no_table=True, ablate=1),
+        ]
+    variants += [dict(label="q32 qpb2", queries=32, qpb=2)]
     if args.profile:  # one launch under ncu: the default tile, 2 bits
         from maxsim.compressed.residual_lut import build_layout, lut_scores
 

@@ -37,9 +37,11 @@ def check(Q, D, q_mask=None, d_mask=None, tol=1e-5, chunk=2048, **kw):
     assert scores.dtype == torch.float32 and arg.dtype == torch.int32
     assert rel_err(scores, ref) <= tol
     assert torch.equal(arg.long(), ref_arg)
-    # Without the argmax (amax instead of max): the same scores, NaN where they are NaN.
+    # Without the argmax: the same scores to fp32 rounding, NaN where they are NaN. Not bit for bit:
+    # long documents then take one GEMM each (maxsim.cpu.per_document), whose summation order can
+    # differ from the chunked product's (1 ulp apart on an AMD EPYC, equal on a Xeon).
     torch.testing.assert_close(maxsim_cpu(Q, D, q_mask, d_mask, max_chunk_bytes=chunk, **kw), scores,
-                               rtol=0, atol=0, equal_nan=True)
+                               rtol=2e-6, atol=1e-6, equal_nan=True)
     return scores
 
 

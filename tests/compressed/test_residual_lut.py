@@ -5,6 +5,7 @@ the same arithmetic and against the exact scores within the quantisation's worst
 import pytest
 import torch
 
+from conftest import HAS_CUDA, KERNEL_DEVICE
 from maxsim.compressed import ResidualCodec
 from maxsim.compressed.residual_lut import (
     bit_positions,
@@ -117,8 +118,9 @@ def test_scores_match_the_emulation(nbits, epilogue, block):
     layout = build_layout(codec, codes, residuals, cu)
     q_mask = torch.ones(3, 20, dtype=torch.bool)
     q_mask[1, 15:] = False
-    got = lut_scores(Q, layout, codec.centroids, q_mask=q_mask, block_tokens=block, epilogue=epilogue,
-                     table_dtype=torch.float32)
+    got = lut_scores(Q.to(KERNEL_DEVICE), layout.to(KERNEL_DEVICE), codec.centroids.to(KERNEL_DEVICE),
+                     q_mask=q_mask.to(KERNEL_DEVICE), block_tokens=block, epilogue=epilogue,
+                     table_dtype=torch.float32).cpu()
     want = lut_emulation(Q, codec, codes, residuals, cu, layout, q_mask=q_mask, table_dtype=torch.float32)
     assert got.shape == (3, cu.numel() - 1)
     # fp32 rounding of 20 row maxima of terms up to ~1.5 (plus the table and the stored norm)
@@ -132,7 +134,7 @@ def test_scores_within_the_quantisation_bound_of_the_exact_ones(nbits):
     the worst case of rounding q_j and the weights to int8 (each off by half a step)."""
     codec, codes, residuals, cu, Q = _case(nbits, int(torch.randint(0, 2**31, ()).item()))
     layout = build_layout(codec, codes, residuals, cu)
-    got = lut_scores(Q, layout, codec.centroids).double()
+    got = lut_scores(Q.to(KERNEL_DEVICE), layout.to(KERNEL_DEVICE), codec.centroids.to(KERNEL_DEVICE)).double().cpu()
     exact = lut_reference(Q, codec, codes, residuals, cu)
     w_max = float(codec.bucket_weights.abs().max())
     inv_max = float(layout.inv_norm.max())
@@ -148,11 +150,33 @@ def test_a_centroid_id_outside_the_table_makes_its_document_nan():
     layout = build_layout(codec, codes, residuals, cu)
     doc = 4
     layout.cid[layout.cu[doc]] = codec.num_centroids  # one token of document 4
-    got = lut_scores(Q, layout, codec.centroids)
+    got = lut_scores(Q.to(KERNEL_DEVICE), layout.to(KERNEL_DEVICE), codec.centroids.to(KERNEL_DEVICE)).cpu()
     assert torch.isnan(got[:, doc]).all()
     others = torch.ones(got.shape[1], dtype=torch.bool)
     others[doc] = False
     assert not torch.isnan(got[:, others]).any()
+
+
+def test_layout_refuses_ids_outside_the_table():
+    codec, codes, residuals, cu, _ = _case(2, int(torch.randint(0, 2**31, ()).item()))
+    codes = codes.clone()
+    codes[5] = codec.num_centroids
+    with pytest.raises(ValueError, match="outside"):
+        build_layout(codec, codes, residuals, cu)
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernel is Hopper's")
+@pytest.mark.parametrize("nbits", [2, 4])
+@pytest.mark.parametrize("table", [torch.float16, torch.float32])
+def test_gluon_kernel_matches_the_emulation(nbits, table):
+    from maxsim.compressed.residual_gluon import gluon_scores
+
+    codec, codes, residuals, cu, Q = _case(nbits, int(torch.randint(0, 2**31, ()).item()), num_docs=300)
+    layout = build_layout(codec, codes, residuals, cu)
+    got = gluon_scores(Q.cuda(), layout.to("cuda"), codec.centroids.cuda(), table_dtype=table).double().cpu()
+    want = lut_emulation(Q, codec, codes, residuals, cu, layout, table_dtype=table)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)
 
 
 def test_layout_pads_documents_by_repeating_their_last_token():

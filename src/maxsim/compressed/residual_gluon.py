@@ -44,13 +44,12 @@ def _load_words(p_codes, off_w, grp: gl.constexpr):
 
 
 @gluon.jit
-def _load_rows(p_cid, p_inv, p_tab, off_t, o_n, num_centroids, LQ: gl.constexpr):
-    """A tile's table rows [BT, LQ] fp16 and inverse norms [BT] (NaN where the centroid id lies
-    outside [0, C)), in the MMA layout; ``p_cid`` / ``p_inv`` the tile's first row."""
+def _load_rows(p_cid, p_inv, p_tab, off_t, o_n, LQ: gl.constexpr):
+    """A tile's table rows [BT, LQ] and inverse norms [BT] in the MMA layout; ``p_cid`` / ``p_inv``
+    the tile's first row. The ids are trusted: ``build_layout`` checked every one against the
+    table when it built the layout."""
     b_cid = gl.load(p_cid + off_t)
-    m_code = (b_cid >= 0) & (b_cid < num_centroids)
-    b_inv = gl.where(m_code, gl.load(p_inv + off_t), float("nan"))
-    return gl.load(p_tab + (gl.where(m_code, b_cid, 0) * LQ)[:, None] + o_n[None, :]), b_inv
+    return gl.load(p_tab + (b_cid * LQ)[:, None] + o_n[None, :]), gl.load(p_inv + off_t)
 
 
 @gluon.jit
@@ -62,7 +61,7 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, o_n, num_ce
         w1 = w0
     else:
         w1 = _load_words(codes_ptr + t0 * W, off_w, 1)
-    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, o_n, num_centroids, LQ)
+    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, o_n, LQ)
     return w0, w1, b_tab, b_inv
 
 
@@ -202,8 +201,8 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q
     return gl.where(goes_on, run, NEG_INF), gl.where(goes_on, prev_doc, -3)
 
 
-def gluon_scores(Q, layout, centroids, *, block_tokens: int = 128, waves: int = 4, num_stages: int = 1,
-                 table_dtype=torch.float16):
+def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
+                 table_dtype=torch.float16, maxnreg: int | None = None):
     """:func:`maxsim.compressed.residual_lut.lut_scores` (one query a program, LQ 32) through the
     Gluon kernel. Q ``[Nq, Lq <= 32, 128]`` on a Hopper GPU."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
@@ -226,5 +225,6 @@ def gluon_scores(Q, layout, centroids, *, block_tokens: int = 128, waves: int = 
         layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, layout.group_doc, out,
         Nd, centroids.shape[0], docs_per_program, n_runs,
         NBITS=layout.nbits, LQ=LQ, BT=block_tokens, G=layout.group,
-        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages)
+        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return out

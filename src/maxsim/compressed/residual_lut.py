@@ -352,6 +352,8 @@ def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.
                          f"nbits {codec.nbits}")
     device = residuals.device
     cu = cu.to(device=device, dtype=torch.int64)
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= codec.num_centroids):
+        raise ValueError(f"maxsim: a centroid id lies outside [0, {codec.num_centroids}) (the codec's table)")
     cu_p, source = padded_offsets(cu, group)
     total = source.numel()
     out_codes = torch.zeros(total + TAIL_TOKENS, codec.packed_dim, dtype=torch.uint8, device=device)
