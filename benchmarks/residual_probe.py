@@ -191,10 +191,7 @@ def main():
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [
-        dict(label="gluon BT64", gluon=True), dict(label="gluon BT64 maxnreg 96", gluon=True, maxnreg=96),
-        dict(label="gluon BT64 maxnreg 80", gluon=True, maxnreg=80), dict(label="gluon BT64 waves8", gluon=True, waves=8),
-        dict(label="gluon BT128", gluon=True, block_tokens=128),
-        dict(label="BT128 w4 waves8", waves=8),
+        dict(label="gluon BT64", gluon=True), dict(label="BT128 w4 waves8", waves=8),
     ]
     if args.ablations:
         variants += [
@@ -202,7 +199,9 @@ def main():
             dict(label="ablation: no decode", ablate=2),
             dict(label="ablation: no table, no doc max", no_table=True, ablate=1),
         ]
-    variants += [dict(label="q32 qpb2", queries=32, qpb=2)]
+    variants += [dict(label="q32 qpb2", queries=32, qpb=2), dict(label="q32 gluon qpb1", queries=32, gluon=True),
+                 dict(label="q32 gluon qpb2", queries=32, gluon=True, qpb=2),
+                 dict(label="q32 gluon qpb4", queries=32, gluon=True, qpb=4)]
     if args.profile:  # one launch under ncu: the default tile, 2 bits
         from maxsim.compressed.residual_lut import build_layout, lut_scores
 

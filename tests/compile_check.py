@@ -342,8 +342,9 @@ def residual_lut_variants():
     gluon_ptrs = {k: v for k, v in ptrs.items() if k != "lut_ptr"}
     for nbits in (2, 4):  # the Gluon scorer, as the probe measured it (BT 64)
         asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
-        yield f"residual lut gluon nbits={nbits}", _residual_lut_gluon_kernel, \
-            dict(NBITS=nbits, LQ=32, BT=64, G=16, **asms), gluon_ptrs, 4, 1
+        for qpb in (1, 4):  # one query a program; four (32-query searches)
+            yield f"residual lut gluon nbits={nbits} qpb={qpb}", _residual_lut_gluon_kernel, \
+                dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, **asms), gluon_ptrs, 4, 1
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
@@ -356,7 +357,8 @@ EXPECT_WGMMA = {
     "fwd fp32 tf32x3 stacked", "fwd fp32 tf32x3 argmax masks", "fwd fp32 tf32 stacked", "fwd fp32 tf32 argmax masks",
     "varlen cross fp32 tf32x3", "varlen stream int8 x int8, 32 queries", "pq stream 32 queries",
     "codec assignment fp16 argmax", "residual lut nbits=2 BT 128", "residual lut nbits=4 BT 128",
-    "residual lut nbits=2 BT 64", "residual lut gluon nbits=2", "residual lut gluon nbits=4",
+    "residual lut nbits=2 BT 64", "residual lut gluon nbits=2 qpb=1", "residual lut gluon nbits=4 qpb=1",
+    "residual lut gluon nbits=2 qpb=4", "residual lut gluon nbits=4 qpb=4",
 }
 
 

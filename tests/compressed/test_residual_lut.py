@@ -167,13 +167,14 @@ def test_layout_refuses_ids_outside_the_table():
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernel is Hopper's")
 @pytest.mark.parametrize("nbits", [2, 4])
-@pytest.mark.parametrize("table", [torch.float16, torch.float32])
-def test_gluon_kernel_matches_the_emulation(nbits, table):
+@pytest.mark.parametrize("table,qpb", [(torch.float16, 1), (torch.float32, 1), (torch.float16, 2), (torch.float16, 4)])
+def test_gluon_kernel_matches_the_emulation(nbits, table, qpb):
     from maxsim.compressed.residual_gluon import gluon_scores
 
     codec, codes, residuals, cu, Q = _case(nbits, int(torch.randint(0, 2**31, ()).item()), num_docs=300)
     layout = build_layout(codec, codes, residuals, cu)
-    got = gluon_scores(Q.cuda(), layout.to("cuda"), codec.centroids.cuda(), table_dtype=table).double().cpu()
+    got = gluon_scores(Q.cuda(), layout.to("cuda"), codec.centroids.cuda(), table_dtype=table, qpb=qpb)
+    got = got.double().cpu()  # [3, Nd]: 3 queries, so with qpb 2 and 4 the last group is part padding
     want = lut_emulation(Q, codec, codes, residuals, cu, layout, table_dtype=table)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)

@@ -44,16 +44,16 @@ def _load_words(p_codes, off_w, grp: gl.constexpr):
 
 
 @gluon.jit
-def _load_rows(p_cid, p_inv, p_tab, off_t, o_n, LQ: gl.constexpr):
-    """A tile's table rows [BT, LQ] and inverse norms [BT] in the MMA layout; ``p_cid`` / ``p_inv``
-    the tile's first row. The ids are trusted: ``build_layout`` checked every one against the
-    table when it built the layout."""
+def _load_rows(p_cid, p_inv, p_tab, off_t, LQ: gl.constexpr):
+    """A tile's table rows [BT, N] and inverse norms [BT] in the MMA layout; ``p_cid`` / ``p_inv``
+    the tile's first row, ``p_tab [N]`` each column's table (its query's) at row 0. The ids are
+    trusted: ``build_layout`` checked every one against the table when it built the layout."""
     b_cid = gl.load(p_cid + off_t)
-    return gl.load(p_tab + (b_cid * LQ)[:, None] + o_n[None, :]), gl.load(p_inv + off_t)
+    return gl.load(p_tab[None, :] + (b_cid * LQ)[:, None]), gl.load(p_inv + off_t)
 
 
 @gluon.jit
-def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, o_n, num_centroids, W: gl.constexpr,
+def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, W: gl.constexpr,
                NBITS: gl.constexpr, LQ: gl.constexpr):
     """Tile t0's code words (two groups; 2 bits: the same one twice), table rows and inverse norms."""
     w0 = _load_words(codes_ptr + t0 * W, off_w, 0)
@@ -61,7 +61,7 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, o_n, num_ce
         w1 = w0
     else:
         w1 = _load_words(codes_ptr + t0 * W, off_w, 1)
-    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, o_n, LQ)
+    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, LQ)
     return w0, w1, b_tab, b_inv
 
 
@@ -69,20 +69,22 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, o_n, num_ce
 def _residual_lut_gluon_kernel(
     codes_ptr, cid_ptr, inv_ptr, cu_ptr, q_ptr, qs_ptr, tab_ptr, gdoc_ptr, out_ptr,
     Nd, num_centroids, docs_per_program, n_runs,
-    NBITS: gl.constexpr, LQ: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
+    Nq, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
     ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
 ):
-    """One query (LQ rows) against a run of whole documents; out [Nq, Nd] fp32 (pre-zeroed:
-    empty documents keep 0). Arguments as ``residual_lut._residual_lut_kernel``'s."""
+    """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; out [Nq, Nd]
+    fp32 (pre-zeroed: empty documents keep 0). Arguments as ``residual_lut._residual_lut_kernel``'s
+    (the queries, their scales and tables padded to a multiple of QPB)."""
+    N: gl.constexpr = QPB * LQ
     W: gl.constexpr = 128 * NBITS // 8
     NG: gl.constexpr = BT // G
     NEG_INF: gl.constexpr = float("-inf")
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, LQ, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    strips: gl.constexpr = gl.BlockedLayout([G, 1], [1, 32], [4, 1], [0, 1])  # [BT, LQ]: G tokens a thread
-    cols: gl.constexpr = gl.BlockedLayout([NG, 1], [1, 32], [1, 4], [0, 1])  # [NG, LQ]: a column a thread
-    rows: gl.constexpr = gl.BlockedLayout([1, LQ], [32, 1], [1, 4], [1, 0])  # [NG, LQ]: a row a thread
-    q_blk: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # [LQ, 32] query slice loads
+    strips: gl.constexpr = gl.BlockedLayout([G, 1], [1, 32], [4, 1], [0, 1])  # [BT, N]: G tokens a thread
+    cols: gl.constexpr = gl.BlockedLayout([NG, 1], [1, 32], [1, 4], [0, 1])  # [NG, N]: a column a thread
+    rows: gl.constexpr = gl.BlockedLayout([1, 1, LQ], [32 // QPB, QPB, 1], [1, 1, 4], [2, 1, 0])  # [NG, QPB, LQ]
+    q_blk: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # [N, 32] query slice loads
     q_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
     # The register operand's layout written out (PTX wgmma, 8-bit A: a0 = row lane/4 + 16 warp, bytes
     # 4 (lane % 4) + 0..3; a1 = row + 8; a2 = bytes + 16; a3 = both), so the loads see 4 contiguous
@@ -98,63 +100,60 @@ def _residual_lut_gluon_kernel(
 
     pid = gl.program_id(0)
     i_run = pid % n_runs
-    i_q = pid // n_runs
-    # The quantised query's four slices, K-major in shared memory: [LQ, 32] int8 each.
-    q_smem = gl.allocate_shared_memory(gl.int8, [4, LQ, 32], q_sl)
-    o_qr = gl.arange(0, LQ, gl.SliceLayout(1, q_blk))
+    q0 = (pid // n_runs) * QPB  # the program's first query
+    # The quantised queries' four slices, K-major in shared memory: [N, 32] int8 each.
+    q_smem = gl.allocate_shared_memory(gl.int8, [4, N, 32], q_sl)
+    o_qr = gl.arange(0, N, gl.SliceLayout(1, q_blk))
     o_qc = gl.arange(0, 32, gl.SliceLayout(0, q_blk))
-    p_q = q_ptr + (i_q.to(gl.int64) * LQ + o_qr)[:, None] * 128 + o_qc[None, :]
+    p_q = q_ptr + (q0.to(gl.int64) * LQ + o_qr)[:, None] * 128 + o_qc[None, :]
     for k in gl.static_range(4):
         q_smem.index(k).store(gl.load(p_q + k * 32))
     fence_async_shared()
-    o_n = gl.arange(0, LQ, gl.SliceLayout(0, mma))
-    b_qs = gl.load(qs_ptr + i_q * LQ + o_n)  # [LQ]
+    o_n = gl.arange(0, N, gl.SliceLayout(0, mma))
+    b_qs = gl.load(qs_ptr + q0 * LQ + o_n)  # [N]
     b_cn = -MAGIC * b_qs
-    p_tab = tab_ptr + i_q.to(gl.int64) * num_centroids * LQ
+    p_tab = tab_ptr + (q0 + o_n // LQ).to(gl.int64) * num_centroids * LQ + o_n % LQ  # [N]: each column's table
 
     j_lo = (i_run * docs_per_program).to(gl.int64)
     j_hi = gl.minimum(j_lo + docs_per_program, Nd)
     t_lo = gl.load(cu_ptr + j_lo)
     t_hi = gl.load(cu_ptr + j_hi)
     o_g = gl.arange(0, NG, gl.SliceLayout(1, cols))
-    o_gr = gl.arange(0, NG, gl.SliceLayout(1, rows))
-    b_carry = gl.full([LQ], NEG_INF, gl.float32, gl.SliceLayout(0, cols))
+    b_carry = gl.full([N], NEG_INF, gl.float32, gl.SliceLayout(0, cols))
     carry_doc = (j_lo * 0 - 3).to(gl.int32)  # the document b_carry belongs to (-3: none)
 
     # loop-invariant per-thread offsets; each tile adds its first row (a scalar)
     off_w = (gl.arange(0, BT, gl.SliceLayout(1, w_lay)) * W)[:, None] + gl.arange(0, 32, gl.SliceLayout(0, w_lay))[None, :]
     off_t = gl.arange(0, BT, gl.SliceLayout(1, mma))
-    w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, o_n, num_centroids, W,
-                                      NBITS, LQ)
+    w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ)
     FOLDED: gl.constexpr = tab_ptr.dtype.element_ty == gl.float32
     # Two tiles an iteration, their buffers swapping roles (no register copies): tile A is scored
     # while B's bytes arrive, then B while the next A's arrive. A pair may run one tile past the
     # run: its groups lie outside [t_lo, t_hi) and change nothing.
     for t0 in range(t_lo, t_hi, 2 * BT):
-        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, o_n,
-                                          num_centroids, W, NBITS, LQ)
-        b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q, Nd,
-                                         t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, BT, G, ASM0, ASM1, ASM2, ASM3,
+        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ)
+        b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
+                                         t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2, ASM3,
                                          mma, a_op, strips, cols, rows, FOLDED)
-        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, o_n,
-                                          num_centroids, W, NBITS, LQ)
-        b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q, Nd,
-                                         t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, BT, G, ASM0, ASM1, ASM2,
+        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ)
+        b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
+                                         t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2,
                                          ASM3, mma, a_op, strips, cols, rows, FOLDED)
 
 
 @gluon.jit
-def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q, Nd, t0, t_hi, o_g, b_carry,
-                carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
-                ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
+def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, t0, t_hi, o_g, b_carry,
+                carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
+                G: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
                 a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr,
                 FOLDED: gl.constexpr):
     """Scores tile t0 (its code words w0 / w1, table rows, inverse norms) and stores the score of
     every document that ends in it; returns the running max of the one that goes on, and its
     document (-3: none)."""
     NG: gl.constexpr = BT // G
+    N: gl.constexpr = QPB * LQ
     NEG_INF: gl.constexpr = float("-inf")
-    acc = gl.full([BT, LQ], MAGIC_BITS, gl.int32, mma)
+    acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
     d = gl.inline_asm_elementwise(ASM0, "=r,r", [w0], dtype=gl.int8, is_pure=True, pack=4)
     acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(0).permute((1, 0)), acc)
     d = gl.inline_asm_elementwise(ASM1, "=r,r", [w0], dtype=gl.int8, is_pure=True, pack=4)
@@ -166,11 +165,11 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q
 
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
     if FOLDED:  # the table holds T - 1.5 * 2**23 * qs already
-        b_s = gl.fma(b_f, b_qs[None, :], b_tab) * b_inv[:, None]  # [BT, LQ]
+        b_s = gl.fma(b_f, b_qs[None, :], b_tab) * b_inv[:, None]  # [BT, N]
     else:
         b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]
     b_s = gl.convert_layout(b_s, strips)
-    b_r = gl.reduce(gl.reshape(b_s, [NG, G, LQ]), 1, _max_nan)  # [NG, LQ]: in-thread
+    b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
     b_r = gl.convert_layout(b_r, cols)  # a column a thread
 
     # each group's document (groups never straddle documents); the run's next group decides
@@ -182,18 +181,23 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q
     # running max along the groups, restarting where the document changes
     prev_doc = carry_doc
     run = b_carry
-    b_m = gl.full([NG, LQ], NEG_INF, gl.float32, cols)
+    b_m = gl.full([NG, N], NEG_INF, gl.float32, cols)
     for g in gl.static_range(NG):
         sel = (o_g == g)[:, None]
         doc_g = gl.sum(gl.where(o_g == g, b_gdoc, 0), axis=0)  # in-thread: the column holds all NG
-        r_g = gl.max(gl.where(sel, b_r, NEG_INF), axis=0)  # [LQ]
+        r_g = gl.max(gl.where(sel, b_r, NEG_INF), axis=0)  # [N]
         run = gl.where(doc_g == prev_doc, _max_nan(run, r_g), r_g)
         b_m = gl.where(sel, run[None, :], b_m)
         prev_doc = doc_g
     is_end = m_grp & (b_next != b_gdoc)
-    b_sc = gl.sum(gl.convert_layout(b_m, rows), axis=1)  # [NG]: in-thread sums over the query rows
-    b_sc = gl.convert_layout(b_sc, gl.SliceLayout(1, cols))
-    gl.store(out_ptr + i_q.to(gl.int64) * Nd + b_gdoc, b_sc, mask=is_end)
+    # [NG, QPB]: each query's rows summed in-thread
+    b_sc = gl.sum(gl.convert_layout(gl.reshape(b_m, [NG, QPB, LQ]), rows), axis=2)
+    sc_l: gl.constexpr = gl.SliceLayout(2, rows)
+    o_qb = q0 + gl.arange(0, QPB, gl.SliceLayout(0, sc_l))
+    b_gd = gl.convert_layout(b_gdoc, gl.SliceLayout(1, sc_l))
+    b_end = gl.convert_layout(is_end, gl.SliceLayout(1, sc_l))
+    gl.store(out_ptr + o_qb.to(gl.int64)[None, :] * Nd + b_gd[:, None], b_sc,
+             mask=b_end[:, None] & (o_qb < Nq)[None, :])
     last_end = gl.sum(gl.where(o_g == NG - 1, is_end.to(gl.int32), 0), axis=0)
     last_ok = gl.sum(gl.where(o_g == NG - 1, m_grp.to(gl.int32), 0), axis=0)
     # the tile's last document goes on when the last group is inside the run and not an end
@@ -202,7 +206,7 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, i_q
 
 
 def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, maxnreg: int | None = None):
+                 table_dtype=torch.float16, maxnreg: int | None = None, qpb: int = 1):
     """:func:`maxsim.compressed.residual_lut.lut_scores` (one query a program, LQ 32) through the
     Gluon kernel. Q ``[Nq, Lq <= 32, 128]`` on a Hopper GPU."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
@@ -213,7 +217,7 @@ def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8
     out = torch.zeros(Nq, Nd, dtype=torch.float32, device=Q.device)
     if Nq == 0 or Nd == 0:
         return out
-    q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, table_dtype=table_dtype)
+    q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, qpb=qpb, table_dtype=table_dtype)
     if LQ != 32:
         raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
     slots = waves * multiprocessors(Q.device.index or 0)
@@ -221,10 +225,10 @@ def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8
     n_runs = -(-Nd // docs_per_program)
     per_group = 4 if layout.nbits == 2 else 2
     asms = [decoder_asm(layout.nbits, s % per_group, layout.lut) for s in range(4)]
-    _residual_lut_gluon_kernel[(n_runs * Nq,)](
+    _residual_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
         layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, layout.group_doc, out,
         Nd, centroids.shape[0], docs_per_program, n_runs,
-        NBITS=layout.nbits, LQ=LQ, BT=block_tokens, G=layout.group,
+        Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
         ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return out
