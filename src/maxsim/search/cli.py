@@ -350,6 +350,9 @@ def add_search_parser(subparsers) -> argparse.ArgumentParser:
     source.add_argument("--index", help="a PLAID index folder (colbert-ai or fast-plaid / PyLate): "
                         "PLAID search, colbert-ai's defaults by k (maxsim.index.load)")
     p.add_argument("--queries", required=True, help="query embeddings (.npy, .pt, .safetensors)")
+    p.add_argument("--refine", metavar="CORPUS", help="a float16 / int8 corpus directory of the same documents: "
+                   "--corpus keeps k x --refine-factor candidates, scored again exactly from it (memory-mapped)")
+    p.add_argument("--refine-factor", type=int, default=4, help="candidates kept a result with --refine (default 4)")
     p.add_argument("--query-lengths", help="lengths .npy for packed .npy/.safetensors queries")
     p.add_argument("--query-ids", help="text file of query ids, one per line (default: the file's, or 0..)")
     p.add_argument("-k", type=int, default=100, help="documents per query (default 100)")
@@ -400,10 +403,14 @@ def run_search(args) -> int:
         return 2
     start = time.perf_counter()
     device = _device(args.device)
+    if args.refine and not args.corpus:
+        print("maxsim search: --refine refines a --corpus search (a PLAID --index reranks on its own)", file=sys.stderr)
+        return 2
     if args.corpus:
         corpus = Corpus.load(args.corpus, mmap=args.load == "mmap", verify=not args.no_verify,
                              pin_memory=args.load == "pinned" and device.type == "cuda",
                              device=device if args.load == "device" else None)
+    refine = Corpus.load(args.refine, mmap=True, verify=not args.no_verify) if args.refine else None
     packed, lengths, query_ids = load_embeddings(args.queries, args.query_lengths, "--query-lengths")
     if not packed.is_floating_point() or packed.dtype == torch.float64:
         print(f"maxsim search: {args.queries} holds {str(packed.dtype).replace('torch.', '')} queries: save them as "
@@ -427,8 +434,11 @@ def run_search(args) -> int:
             result, described = _index_search(args.index, queries, args.k, device)
         else:
             result = corpus.search(queries, args.k, batch_size=args.batch_size, gpu_memory=args.gpu_memory,
-                                   progress=False if args.no_progress else None, device=device)
+                                   progress=False if args.no_progress else None, device=device, refine=refine,
+                                   refine_factor=args.refine_factor)
             described = f"{len(corpus)} documents ({corpus.num_tokens} tokens, {corpus.where()})"
+            if refine is not None:
+                described += f", refined from {refine.encoding} x{args.refine_factor}"
     except KeyboardInterrupt:
         print("maxsim search: interrupted; nothing written", file=sys.stderr)
         return 130

@@ -1016,7 +1016,8 @@ class Corpus:
         return [[self.ids[j] for j in row] for row in local.tolist()]
 
     def search(self, Q, k: int, q_mask=None, batch_size: int | None = None, gpu_memory: int | None = None,
-               progress: bool | None = None, *, device=None, subset=None) -> SearchResult:
+               progress: bool | None = None, *, device=None, subset=None, refine=None,
+               refine_factor: int = 4) -> SearchResult:
         """The best ``k`` documents per query, exactly (``torch.topk`` of ``maxsim_varlen`` scores,
         ties to the lower index, best first; ``k > N`` returns N). Deleted documents are never
         ranked: ``k > N`` returns the live ones.
@@ -1041,15 +1042,37 @@ class Corpus:
                 top-k of the same scores restricted to them (``k > len(subset)`` returns those).
                 Ids the corpus does not hold, or deleted ones, match nothing (a filter: the same
                 set can be given to every shard).
+            refine: a Corpus of the same documents in the same order (float16 / bfloat16 / float32,
+                or int8 / fp8), typically loaded with ``mmap=True`` or pinned: this corpus's search
+                keeps ``k * refine_factor`` candidates a query, and those are scored again from
+                ``refine``'s tokens (only theirs are read); the result is the exact top-k of the
+                candidates under ``refine``'s scores (FAISS's IndexRefine;
+                :mod:`maxsim.search.refine`).
+            refine_factor: candidates kept a result (default 4).
 
         Returns:
             ``SearchResult(scores [Nq, k'] fp32, indices [Nq, k'] int64, ids)``; 2-D ``Q`` drops the
             query axis. Ctrl-C stops the stream cleanly and raises KeyboardInterrupt.
         """
-        from maxsim.search.stream import search_corpus
+        from maxsim.search.stream import choose_device, search_corpus
 
-        scores, indices = search_corpus(self, Q, k, q_mask=q_mask, batch_size=batch_size, gpu_memory=gpu_memory,
-                                        progress=progress, device=device, subset=subset)
+        if refine is None:
+            scores, indices = search_corpus(self, Q, k, q_mask=q_mask, batch_size=batch_size, gpu_memory=gpu_memory,
+                                            progress=progress, device=device, subset=subset)
+        else:
+            from maxsim.search.refine import check_refine, refine_candidates
+            from maxsim.search.topk import check_k, packed_queries
+
+            factor = check_refine(self, refine, refine_factor)
+            k = check_k(k)
+            scores, indices = search_corpus(self, Q, k * factor, q_mask=q_mask, batch_size=batch_size,
+                                            gpu_memory=gpu_memory, progress=progress, device=device, subset=subset)
+            squeeze = indices.dim() == 1
+            q, _, cu_q_host, _ = packed_queries(torch.from_numpy(Q) if isinstance(Q, np.ndarray) else Q, q_mask)
+            scores, indices = refine_candidates(refine, q, cu_q_host, indices[None] if squeeze else indices, k,
+                                                choose_device(self, Q, device))
+            if squeeze:
+                scores, indices = scores[0], indices[0]
         if scores.dim() == 1:
             return SearchResult(scores, indices, self.ids_of(indices[None])[0])
         return SearchResult(scores, indices, self.ids_of(indices))

@@ -1,0 +1,146 @@
+"""Corpus.search(refine=...): a compressed first stage keeps k * refine_factor candidates, which are
+scored again from a float (or one-byte) corpus of the same documents; the answer is the exact top-k
+of those candidates (ties to the lower index), whatever the refine corpus's placement (memory,
+a memory-mapped file), for padded, 2-D and list queries, subsets, and deleted documents."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maxsim
+from conftest import KERNEL_DEVICE
+from maxsim.search import Corpus
+
+
+def _docs(generator, n=120, d=32):
+    lengths = torch.randint(1, 14, (n,), generator=generator).tolist()
+    docs = [F.normalize(torch.randn(L, d, generator=generator), dim=-1) for L in lengths]
+    docs[5] = torch.zeros(0, d)  # an empty document scores 0
+    docs[9] = docs[4].clone()  # a tie: the lower index first
+    return docs
+
+
+def _expected(queries, docs, candidates, k):
+    """Exact top-k among each query's candidates: fp32 MaxSim of the float16 tokens (what the
+    float16 refine corpus holds), best first, ties to the lower index."""
+    out_s, out_i = [], []
+    for q, cand in zip(queries, candidates):
+        cand = [int(c) for c in cand if c >= 0]
+        s = maxsim.maxsim_varlen([q.half().float()], [docs[c].half().float() for c in cand])[0] if cand else \
+            torch.zeros(0)
+        order = sorted(range(len(cand)), key=lambda i: (-float(s[i]), cand[i]))[:k]
+        out_s.append([float(s[i]) for i in order])
+        out_i.append([cand[i] for i in order])
+    return out_s, out_i
+
+
+@pytest.mark.parametrize("encoding", ["residual2", "int8", "pq8"])
+def test_refined_top_k_is_the_exact_top_k_of_the_candidates(tmp_path, encoding):
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g)
+    queries = [F.normalize(torch.randn(L, 32, generator=g), dim=-1) for L in (3, 5, 1)]
+    first = Corpus.from_list(docs, encoding=encoding)
+    full = Corpus.from_list([x.half() for x in docs])
+    full.save(tmp_path / "full")
+    mapped = Corpus.load(tmp_path / "full", mmap=True)
+    k, factor = 5, 3
+    stage1 = first.search(queries, k * factor, device=KERNEL_DEVICE)
+    want_s, want_i = _expected(queries, docs, stage1.indices.cpu().tolist(), k)
+    for refine in (full, mapped):
+        got = first.search(queries, k, refine=refine, refine_factor=factor, device=KERNEL_DEVICE)
+        assert got.indices.cpu().tolist() == want_i
+        torch.testing.assert_close(got.scores.cpu(), torch.tensor(want_s), rtol=1e-5, atol=1e-5)
+        assert np.array_equal(np.asarray(got.ids), np.asarray(first.ids)[np.asarray(want_i)])
+
+
+def test_refine_recovers_the_exact_top_k_when_it_is_among_the_candidates():
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g, n=80)
+    queries = [F.normalize(torch.randn(4, 32, generator=g), dim=-1) for _ in range(3)]
+    first = Corpus.from_list(docs, encoding="residual2")
+    full = Corpus.from_list([x.half() for x in docs])
+    exact = full.search([q.half() for q in queries], 4, device=KERNEL_DEVICE)
+    # a factor that keeps every document: the refined answer is the exact search's
+    got = first.search(queries, 4, refine=full, refine_factor=20, device=KERNEL_DEVICE)
+    assert got.indices.cpu().tolist() == exact.indices.cpu().tolist()
+    torch.testing.assert_close(got.scores.cpu(), exact.scores.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_refine_with_two_d_and_padded_queries_subsets_and_deletions():
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g, n=60)
+    ids = [f"d{i}" for i in range(60)]
+    first = Corpus.from_list(docs, ids, encoding="residual4")
+    full = Corpus.from_list([x.half() for x in docs], ids)
+    Q = F.normalize(torch.randn(2, 4, 32, generator=g), dim=-1)
+    q_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    padded = first.search(Q, 3, q_mask=q_mask, refine=full, refine_factor=4, device=KERNEL_DEVICE)
+    as_list = first.search([Q[0, :3], Q[1]], 3, refine=full, refine_factor=4, device=KERNEL_DEVICE)
+    assert padded.indices.tolist() == as_list.indices.tolist()
+    one = first.search(Q[1], 3, refine=full, refine_factor=4, device=KERNEL_DEVICE)  # 2-D: no query axis
+    assert one.indices.dim() == 1 and one.indices.tolist() == as_list.indices[1].tolist()
+    subset = ids[10:30]
+    sub = first.search([Q[1]], 5, subset=subset, refine=full, refine_factor=2, device=KERNEL_DEVICE)
+    assert set(sub.ids[0]) <= set(subset)
+    first.delete(sub.ids[0][:1])
+    after = first.search([Q[1]], 5, subset=subset, refine=full, refine_factor=2, device=KERNEL_DEVICE)
+    assert sub.ids[0][0] not in after.ids[0]
+
+
+def test_refine_from_int8_tokens():
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g, n=50)
+    first = Corpus.from_list(docs, encoding="residual2")
+    full = Corpus.from_list(docs, encoding="int8")
+    q = [F.normalize(torch.randn(3, 32, generator=g), dim=-1)]
+    got = first.search(q, 4, refine=full, refine_factor=50, device=KERNEL_DEVICE)
+    dequantized = [full.document(j) for j in range(len(full))]  # values * scales, fp32
+    want = maxsim.maxsim_varlen(q, dequantized)[0]
+    order = sorted(range(50), key=lambda j: (-float(want[j]), j))[:4]
+    assert got.indices[0].tolist() == order
+    torch.testing.assert_close(got.scores[0].cpu(), want[order], rtol=1e-5, atol=1e-5)
+
+
+def test_refine_errors_name_the_fix():
+    g = torch.Generator().manual_seed(0)
+    docs = _docs(g, n=20)
+    first = Corpus.from_list(docs, encoding="residual2")
+    q = [F.normalize(torch.randn(2, 32, generator=g), dim=-1)]
+    with pytest.raises(ValueError, match="same documents"):
+        first.search(q, 2, refine=Corpus.from_list([x.half() for x in docs[:19]]))
+    with pytest.raises(ValueError, match="ids differ"):
+        first.search(q, 2, refine=Corpus.from_list([x.half() for x in docs], list(range(1, 21))))
+    with pytest.raises(ValueError, match="refine_factor"):
+        first.search(q, 2, refine=Corpus.from_list([x.half() for x in docs]), refine_factor=0)
+    with pytest.raises(ValueError, match="codes"):
+        first.search(q, 2, refine=first)
+    with pytest.raises(TypeError, match="Corpus"):
+        first.search(q, 2, refine=torch.zeros(3))
+
+
+def test_search_command_refines_from_a_corpus_folder(tmp_path, capsys):
+    from commands import run
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g, n=40)
+    docs[5] = torch.randn(2, 32, generator=g)  # (the index command takes no empty document)
+    queries = [F.normalize(torch.randn(L, 32, generator=g), dim=-1) for L in (3, 2)]
+    np.save(tmp_path / "docs.npy", torch.cat(docs).numpy())
+    np.save(tmp_path / "lengths.npy", np.array([x.shape[0] for x in docs]))
+    torch.save({"embeddings": queries, "ids": ["q1", "q2"]}, tmp_path / "queries.pt")
+    for name, extra in (("codes", ["--encoding", "residual2"]), ("full", ["--encoding", "float16"])):
+        assert run(["index", "--out", str(tmp_path / name), str(tmp_path / "docs.npy"), "--lengths",
+                    str(tmp_path / "lengths.npy"), "--quiet", *extra]) == 0
+    argv = ["search", "--corpus", str(tmp_path / "codes"), "--queries", str(tmp_path / "queries.pt"), "-k", "3",
+            "--out", str(tmp_path / "run.jsonl"), "--no-progress", "--device", KERNEL_DEVICE]
+    assert run(argv + ["--refine", str(tmp_path / "full"), "--refine-factor", "40"]) == 0
+    assert "refined from float16 x40" in capsys.readouterr().err
+    rows = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    exact = maxsim.maxsim_varlen([q.half().float() for q in queries], [x.half().float() for x in docs])
+    for row, s in zip(rows, exact):
+        assert row["docids"] == sorted(range(40), key=lambda j: (-float(s[j]), j))[:3]
+    with pytest.raises(ValueError, match="refine from float16"):  # a residual corpus cannot refine (rc 2 in maxsim.cli)
+        run(argv + ["--refine", str(tmp_path / "codes")])
