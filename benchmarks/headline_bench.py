@@ -6,6 +6,7 @@ PLAID, xtr-warp-rs's WARP, colsearch's exact resident corpus).
     python benchmarks/headline_bench.py --docs 1000000 --out results/headline.json
     python benchmarks/headline_bench.py --docs 1000000 --encodings '' --engines xtr-warp,colsearch
     python benchmarks/headline_bench.py --docs 2000 --device cpu --reps 2  # smoke test on a CPU
+    python benchmarks/headline_bench.py --docs 1000000 --passages real:DIR   # real tokens (real_passages.py)
 
 The engines' wheels (the GPU machine has no network): ``bash benchmarks/engine_wheels.sh DIR``
 downloads them, ``pip install --no-deps --no-index --target SITE DIR/*.whl`` and ``PYTHONPATH=SITE``
@@ -140,6 +141,13 @@ def _setup(options: dict) -> torch.device:
 
 
 def _passages(num_docs: int, options: dict, device) -> Passages:
+    """The synthetic generator (``HEADLINE``), or with ``--passages real:DIR`` the real-token passages
+    that ``benchmarks/real_passages.py`` built in DIR (the same interface)."""
+    if options.get("passages", "synthetic").startswith("real:"):
+        from real_passages import RealPassages
+
+        return RealPassages(options["passages"][len("real:"):], num_docs, device=device,
+                            num_queries=options["queries"])
     return Passages(num_docs, device=device, num_queries=options["queries"], seed=options["seed"],
                     chunk_tokens=CHUNK_TOKENS, **HEADLINE)
 
@@ -425,6 +433,8 @@ def main() -> None:
                          "as its benchmark does)")
     ap.add_argument("--no-build-tf32", dest="build_tf32", action="store_false",
                     help="codec training and encoding with fp32 matmuls (default: TF32)")
+    ap.add_argument("--passages", default="synthetic",
+                    help="synthetic (_passages.HEADLINE), or real:DIR, a folder of benchmarks/real_passages.py")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
     ap.add_argument("--cpu-threads", type=int, default=0, help="torch threads of each CPU cell (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
@@ -436,7 +446,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("headline_bench needs a CUDA GPU (or --device cpu for a smoke test)")
-    options = dict(device=args.device, queries=args.queries, reps=args.reps, search_budget_s=args.search_budget_s,
+    if args.passages != "synthetic" and not args.passages.startswith("real:"):
+        raise SystemExit(f"--passages takes synthetic or real:DIR; got {args.passages!r}")
+    options = dict(passages=args.passages, device=args.device, queries=args.queries, reps=args.reps, search_budget_s=args.search_budget_s,
                    slice_docs=args.slice_docs, nbits=args.nbits, build_tf32=args.build_tf32, seed=args.seed,
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
                    xtr_warp_threads=args.xtr_warp_threads,
@@ -469,7 +481,8 @@ def main() -> None:
         return run_isolated(fn, *fn_args, timeout_s=budget)
 
     print(f"# headline_bench: exhaustive maxsim.Corpus.search per encoding, k {K}, {args.queries} queries of 32 tokens; "
-          f"passages: _passages.HEADLINE {HEADLINE}", flush=True)
+          f"passages: {args.passages if args.passages != 'synthetic' else f'_passages.HEADLINE {HEADLINE}'}",
+          flush=True)
     printed_header = False
     with tempfile.TemporaryDirectory(prefix="maxsim-headline-", dir=args.tmp) as folder:
         for num_docs in (int(x) for x in args.docs.split(",")):
