@@ -144,3 +144,44 @@ def test_search_command_refines_from_a_corpus_folder(tmp_path, capsys):
         assert row["docids"] == sorted(range(40), key=lambda j: (-float(s[j]), j))[:3]
     with pytest.raises(ValueError, match="refine from float16"):  # a residual corpus cannot refine (rc 2 in maxsim.cli)
         run(argv + ["--refine", str(tmp_path / "codes")])
+
+
+def test_refine_tokens_stored_beside_the_codes_follow_appends_deletes_and_compaction(tmp_path, capsys):
+    from maxsim.cli import main as run  # python -m maxsim: every command, a mistake as rc 2
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = [F.normalize(torch.randn(int(n), 32, generator=g), dim=-1) for n in torch.randint(1, 9, (50,), generator=g)]
+    queries = [F.normalize(torch.randn(L, 32, generator=g), dim=-1) for L in (3, 2)]
+    for name, part in (("a", docs[:30]), ("b", docs[30:])):
+        np.save(tmp_path / f"{name}.npy", torch.cat(part).numpy())
+        np.save(tmp_path / f"{name}-len.npy", np.array([x.shape[0] for x in part]))
+    torch.save({"embeddings": queries, "ids": ["q1", "q2"]}, tmp_path / "queries.pt")
+    out = tmp_path / "codes"
+    assert run(["index", "--out", str(out), str(tmp_path / "a.npy"), "--lengths", str(tmp_path / "a-len.npy"),
+                "--encoding", "residual2", "--refine", "float16", "--quiet"]) == 0
+    assert run(["index", "--out", str(out), "--append", str(tmp_path / "b.npy"), "--lengths",
+                str(tmp_path / "b-len.npy"), "--quiet"]) == 0  # the refine tokens are extended too
+    corpus = Corpus.load(out)
+    refine = corpus.stored_refine()
+    assert refine is not None and refine.encoding == "float16" and len(refine) == len(corpus) == 50
+    exact = maxsim.maxsim_varlen([q.half().float() for q in queries], [x.half().float() for x in docs])
+
+    def best(scores, live, k=4):
+        return sorted((j for j in range(50) if live[j]), key=lambda j: (-float(scores[j]), j))[:k]
+
+    got = corpus.search(queries, 4, refine=True, refine_factor=50, device=KERNEL_DEVICE)
+    assert got.indices.tolist() == [best(s, [True] * 50) for s in exact]
+    (tmp_path / "gone.txt").write_text(f"{got.ids[0][0]}\n")
+    assert run(["delete", str(out), "--ids", str(tmp_path / "gone.txt"), "--quiet"]) == 0
+    assert Corpus.load(out).stored_refine().num_deleted == 1  # deleted in both
+    assert run(["compact", str(out), "--quiet"]) == 0
+    corpus = Corpus.load(out)
+    assert len(corpus) == len(corpus.stored_refine()) == 49
+    live = [j != int(got.ids[0][0]) for j in range(50)]
+    argv = ["search", "--corpus", str(out), "--queries", str(tmp_path / "queries.pt"), "-k", "4", "--out",
+            str(tmp_path / "run.jsonl"), "--no-progress", "--device", KERNEL_DEVICE, "--refine", "--refine-factor", "50"]
+    assert run(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [row["docids"] for row in rows] == [best(s, live) for s in exact]  # ids survive compaction
+    with pytest.raises(ValueError, match="no refine tokens"):
+        Corpus.from_list(docs, encoding="residual2").search(queries, 2, refine=True)

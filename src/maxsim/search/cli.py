@@ -216,6 +216,9 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
                              "(on --device) and encodes every input (default: the input's dtype; with --append, "
                              "the corpus's own encoding, and its codec)")
     stored.add_argument("--dtype", choices=sorted(_DTYPES), help="store in this float dtype (as --encoding)")
+    p.add_argument("--refine", choices=["float16", "bfloat16", "float32", "int8", "fp8"],
+                   help="also store the tokens in this encoding in OUT/refine (a compressed corpus's exact second "
+                        "stage: search --refine); appends to a corpus that has one extend it too")
     p.add_argument("--num-centroids", type=int,
                    help="residual encodings: centroids of the trained codec (default: colbert-ai's, "
                         "2**floor(log2(16 sqrt(T))) for T training tokens)")
@@ -274,6 +277,19 @@ def run_index(args) -> int:
         print("maxsim index: --num-centroids is for a new corpus of a residual encoding", file=sys.stderr)
         return 2
     compressed = encoding is not None and corpus_format.is_compressed(encoding)
+    refine_dir = Path(args.out, Corpus.REFINE_FOLDER)
+    has_refine = (refine_dir / corpus_format.MANIFEST).is_file()
+    if existing is not None and has_refine:  # appends keep the stored refine tokens aligned
+        stored = corpus_format.manifest_encoding(corpus_format.read_manifest(refine_dir))
+        if args.refine is not None and args.refine != stored:
+            print(f"maxsim index: {refine_dir} holds {stored} tokens: leave --refine out (appends extend it) or "
+                  "build a new corpus", file=sys.stderr)
+            return 2
+        args.refine = stored
+    elif existing is not None and args.refine is not None:
+        print(f"maxsim index: {args.out} has no refine tokens to extend: build a new corpus with --refine",
+              file=sys.stderr)
+        return 2
     device = _device(args.device)
     if not append and not args.overwrite and Path(args.out, "manifest.json").is_file():
         print(f"maxsim index: {args.out} already holds a corpus: --append adds to it, --overwrite replaces it",
@@ -325,6 +341,9 @@ def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed
         else:
             corpus = Corpus(packed, offsets, ids, encoding=encoding)
         corpus.save(args.out, append=append, overwrite=args.overwrite and n == 0)
+        if args.refine is not None:  # the same documents, in the refine encoding, beside the codes
+            Corpus(packed, offsets, ids, encoding=args.refine).save(Path(args.out, Corpus.REFINE_FOLDER),
+                                                                   append=append, overwrite=args.overwrite and n == 0)
         append = True
         documents += len(corpus)
         tokens += corpus.num_tokens
@@ -350,8 +369,10 @@ def add_search_parser(subparsers) -> argparse.ArgumentParser:
     source.add_argument("--index", help="a PLAID index folder (colbert-ai or fast-plaid / PyLate): "
                         "PLAID search, colbert-ai's defaults by k (maxsim.index.load)")
     p.add_argument("--queries", required=True, help="query embeddings (.npy, .pt, .safetensors)")
-    p.add_argument("--refine", metavar="CORPUS", help="a float16 / int8 corpus directory of the same documents: "
-                   "--corpus keeps k x --refine-factor candidates, scored again exactly from it (memory-mapped)")
+    p.add_argument("--refine", metavar="CORPUS", nargs="?", const="",
+                   help="refine to exact scores: --corpus keeps k x --refine-factor candidates, scored again from a "
+                        "float16 / int8 corpus of the same documents (memory-mapped): CORPUS, or without it the one "
+                        "stored in --corpus's refine/ folder (index --refine)")
     p.add_argument("--refine-factor", type=int, default=4, help="candidates kept a result with --refine (default 4)")
     p.add_argument("--query-lengths", help="lengths .npy for packed .npy/.safetensors queries")
     p.add_argument("--query-ids", help="text file of query ids, one per line (default: the file's, or 0..)")
@@ -403,14 +424,15 @@ def run_search(args) -> int:
         return 2
     start = time.perf_counter()
     device = _device(args.device)
-    if args.refine and not args.corpus:
+    if args.refine is not None and not args.corpus:
         print("maxsim search: --refine refines a --corpus search (a PLAID --index reranks on its own)", file=sys.stderr)
         return 2
     if args.corpus:
         corpus = Corpus.load(args.corpus, mmap=args.load == "mmap", verify=not args.no_verify,
                              pin_memory=args.load == "pinned" and device.type == "cuda",
                              device=device if args.load == "device" else None)
-    refine = Corpus.load(args.refine, mmap=True, verify=not args.no_verify) if args.refine else None
+    refine = None if args.refine is None else True if args.refine == "" else \
+        Corpus.load(args.refine, mmap=True, verify=not args.no_verify)
     packed, lengths, query_ids = load_embeddings(args.queries, args.query_lengths, "--query-lengths")
     if not packed.is_floating_point() or packed.dtype == torch.float64:
         print(f"maxsim search: {args.queries} holds {str(packed.dtype).replace('torch.', '')} queries: save them as "
@@ -438,7 +460,8 @@ def run_search(args) -> int:
                                    refine_factor=args.refine_factor)
             described = f"{len(corpus)} documents ({corpus.num_tokens} tokens, {corpus.where()})"
             if refine is not None:
-                described += f", refined from {refine.encoding} x{args.refine_factor}"
+                source = corpus.stored_refine() if refine is True else refine
+                described += f", refined from {source.encoding} x{args.refine_factor}"
     except KeyboardInterrupt:
         print("maxsim search: interrupted; nothing written", file=sys.stderr)
         return 130
@@ -516,6 +539,10 @@ def run_delete(args) -> int:
     count = corpus.delete(ids, missing=args.missing)
     if count:
         corpus.save(args.corpus, overwrite=True)
+        refine = corpus.stored_refine()
+        if refine is not None:  # the same documents leave the stored refine tokens (kept aligned)
+            refine.delete(ids, missing="ignore")
+            refine.save(refine.path, overwrite=True)
     if not args.quiet:
         print(f"maxsim delete: {count} of {len(ids)} ids deleted -> {args.corpus}: {corpus.num_live} live documents, "
               f"{corpus.num_deleted} deleted (python -m maxsim compact {args.corpus} drops them)", file=sys.stderr)
@@ -530,6 +557,9 @@ def run_compact(args) -> int:
     corpus = Corpus.load(args.corpus, mmap=True, verify=True)
     dropped, tokens = corpus.num_deleted, corpus.num_tokens
     corpus.compact(args.corpus)
+    refine_dir = Path(args.corpus, Corpus.REFINE_FOLDER)
+    if (refine_dir / corpus_format.MANIFEST).is_file():  # compacted alike: positions stay aligned
+        Corpus.load(refine_dir, mmap=True, verify=True).compact(refine_dir)
     if not args.quiet:
         print(f"maxsim compact: dropped {dropped} deleted documents ({tokens - corpus.num_tokens} tokens) -> "
               f"{args.corpus}: {len(corpus)} documents in {len(corpus.segments)} segment(s), "

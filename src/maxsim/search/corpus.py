@@ -906,6 +906,23 @@ class Corpus:
             changes.warn_leftovers(path, manifest, stacklevel=4)
         return corpus
 
+    REFINE_FOLDER = "refine"
+
+    def stored_refine(self) -> "Corpus | None":
+        """The refine corpus stored with this one (a corpus in the folder's ``refine/`` subfolder,
+        as ``python -m maxsim index --refine float16`` writes it), memory-mapped; None when the
+        corpus was not loaded from a folder or the folder holds none."""
+        if self.path is None:
+            return None
+        folder = Path(self.path) / self.REFINE_FOLDER
+        if not (folder / corpus_format.MANIFEST).is_file():
+            return None
+        cached = getattr(self, "_stored_refine", None)
+        if cached is None or cached[0] != folder.stat().st_mtime_ns:
+            cached = (folder.stat().st_mtime_ns, Corpus.load(folder, mmap=True, verify=False))
+            self._stored_refine = cached
+        return cached[1]
+
     @staticmethod
     def cleanup(path) -> list[str]:
         """Remove the files an interrupted write left in the corpus folder ``path`` (those its
@@ -1043,7 +1060,8 @@ class Corpus:
                 Ids the corpus does not hold, or deleted ones, match nothing (a filter: the same
                 set can be given to every shard).
             refine: a Corpus of the same documents in the same order (float16 / bfloat16 / float32,
-                or int8 / fp8), typically loaded with ``mmap=True`` or pinned: this corpus's search
+                or int8 / fp8), typically loaded with ``mmap=True`` or pinned, or True: the one
+                stored in this corpus's folder (:meth:`stored_refine`). This corpus's search
                 keeps ``k * refine_factor`` candidates a query, and those are scored again from
                 ``refine``'s tokens (only theirs are read); the result is the exact top-k of the
                 candidates under ``refine``'s scores (FAISS's IndexRefine;
@@ -1063,6 +1081,12 @@ class Corpus:
             from maxsim.search.refine import check_refine, refine_candidates
             from maxsim.search.topk import check_k, packed_queries
 
+            if refine is True:
+                refine = self.stored_refine()
+                if refine is None:
+                    raise ValueError(f"maxsim: {self.name()} holds no refine tokens: build it with python -m maxsim "
+                                     "index ... --refine float16 (a refine/ folder beside the codes), or pass "
+                                     "refine=a Corpus of the same documents")
             factor = check_refine(self, refine, refine_factor)
             k = check_k(k)
             scores, indices = search_corpus(self, Q, k * factor, q_mask=q_mask, batch_size=batch_size,
