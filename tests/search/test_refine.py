@@ -185,3 +185,7 @@ def test_refine_tokens_stored_beside_the_codes_follow_appends_deletes_and_compac
     assert [row["docids"] for row in rows] == [best(s, live) for s in exact]  # ids survive compaction
     with pytest.raises(ValueError, match="no refine tokens"):
         Corpus.from_list(docs, encoding="residual2").search(queries, 2, refine=True)
+    # replaced without --refine: the old refine tokens go with the corpus they belonged to
+    assert run(["index", "--out", str(out), str(tmp_path / "b.npy"), "--lengths", str(tmp_path / "b-len.npy"),
+                "--encoding", "residual2", "--overwrite", "--quiet"]) == 0
+    assert Corpus.load(out).stored_refine() is None and not (out / "refine").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -299,13 +300,14 @@ def run_index(args) -> int:
     sizes = [Path(path).stat().st_size if Path(path).is_file() else 0 for path in args.inputs]
     bar = progress_bar(False if args.quiet or args.no_progress else None, sum(sizes), "maxsim index", "B")
     try:
-        return _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed, device, append)
+        return _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed, device, append,
+                             refine_dir)
     finally:
         if bar is not None:
             bar.close()
 
 
-def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed, device, append) -> int:
+def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed, device, append, refine_dir) -> int:
     from maxsim.search.corpus import Corpus
 
     documents = tokens = next_id = 0
@@ -341,6 +343,8 @@ def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed
         else:
             corpus = Corpus(packed, offsets, ids, encoding=encoding)
         corpus.save(args.out, append=append, overwrite=args.overwrite and n == 0)
+        if args.overwrite and n == 0 and args.refine is None and (refine_dir / corpus_format.MANIFEST).is_file():
+            shutil.rmtree(refine_dir)  # the replaced corpus's refine tokens: never pair them with the new one
         if args.refine is not None:  # the same documents, in the refine encoding, beside the codes
             Corpus(packed, offsets, ids, encoding=args.refine).save(Path(args.out, Corpus.REFINE_FOLDER),
                                                                    append=append, overwrite=args.overwrite and n == 0)
