@@ -332,14 +332,14 @@ def residual_lut_variants():
     """The look-up residual scorer (maxsim/compressed/residual_lut.py): codes expanded by a byte
     permute into the int8 dot's register operand, 2 and 4 bits, as the probe launches it."""
     ptrs = dict(codes_ptr="u8", cid_ptr="i32", inv_ptr="fp32", cu_ptr="i64", q_ptr="i8", qs_ptr="fp32",
-                tab_ptr="fp16", lut_ptr="i8", gdoc_ptr="i32", out_ptr="fp32")
+                tab_ptr="fp16", lut_ptr="i8", out_ptr="fp32")
     luts = {2: [-90, -30, 30, 90], 4: list(range(-120, 120, 15))}
     for nbits, bt in ((2, 128), (4, 128), (2, 64)):
         asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
-        consts = dict(DIM=128, NBITS=nbits, LQ=32, QPB=1, BT=bt, G=16, USE_ASM=True, NO_TABLE=False, PREFETCH=True,
-                      ABLATE=0, EPI=0, **asms)
+        consts = dict(DIM=128, NBITS=nbits, LQ=32, QPB=1, BT=bt, G=16, USE_ASM=True, NO_TABLE=False, ABLATE=0,
+                      **asms)
         yield f"residual lut nbits={nbits} BT {bt}", _residual_lut_kernel, consts, ptrs, 4, 3
-    gluon_ptrs = {k: v for k, v in ptrs.items() if k != "lut_ptr"}
+    gluon_ptrs = dict({k: v for k, v in ptrs.items() if k != "lut_ptr"}, gdoc_ptr="i32")
     for nbits in (2, 4):  # the Gluon scorer, as the probe measured it (BT 64)
         asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
         for qpb in (1, 4):  # one query a program; four (32-query searches)

@@ -90,11 +90,12 @@ def test_refine_with_two_d_and_padded_queries_subsets_and_deletions():
     assert sub.ids[0][0] not in after.ids[0]
 
 
-def test_refine_from_int8_tokens():
+@pytest.mark.parametrize("one_byte", ["int8", "fp8"])
+def test_refine_from_one_byte_tokens(one_byte):
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
     docs = _docs(g, n=50)
     first = Corpus.from_list(docs, encoding="residual2")
-    full = Corpus.from_list(docs, encoding="int8")
+    full = Corpus.from_list(docs, encoding=one_byte)
     q = [F.normalize(torch.randn(3, 32, generator=g), dim=-1)]
     got = first.search(q, 4, refine=full, refine_factor=50, device=KERNEL_DEVICE)
     dequantized = [full.document(j) for j in range(len(full))]  # values * scales, fp32

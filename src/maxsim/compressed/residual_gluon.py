@@ -126,7 +126,6 @@ def _residual_lut_gluon_kernel(
     off_w = (gl.arange(0, BT, gl.SliceLayout(1, w_lay)) * W)[:, None] + gl.arange(0, 32, gl.SliceLayout(0, w_lay))[None, :]
     off_t = gl.arange(0, BT, gl.SliceLayout(1, mma))
     w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ)
-    FOLDED: gl.constexpr = tab_ptr.dtype.element_ty == gl.float32
     # Two tiles an iteration, their buffers swapping roles (no register copies): tile A is scored
     # while B's bytes arrive, then B while the next A's arrive. A pair may run one tile past the
     # run: its groups lie outside [t_lo, t_hi) and change nothing.
@@ -134,19 +133,18 @@ def _residual_lut_gluon_kernel(
         n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ)
         b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2, ASM3,
-                                         mma, a_op, strips, cols, rows, FOLDED)
+                                         mma, a_op, strips, cols, rows)
         w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ)
         b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2,
-                                         ASM3, mma, a_op, strips, cols, rows, FOLDED)
+                                         ASM3, mma, a_op, strips, cols, rows)
 
 
 @gluon.jit
 def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, t0, t_hi, o_g, b_carry,
                 carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
                 G: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
-                a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr,
-                FOLDED: gl.constexpr):
+                a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr):
     """Scores tile t0 (its code words w0 / w1, table rows, inverse norms) and stores the score of
     every document that ends in it; returns the running max of the one that goes on, and its
     document (-3: none)."""
@@ -164,10 +162,7 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
     acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(3).permute((1, 0)), acc)
 
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
-    if FOLDED:  # the table holds T - 1.5 * 2**23 * qs already
-        b_s = gl.fma(b_f, b_qs[None, :], b_tab) * b_inv[:, None]  # [BT, N]
-    else:
-        b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]
+    b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]  # [BT, N]
     b_s = gl.convert_layout(b_s, strips)
     b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
     b_r = gl.convert_layout(b_r, cols)  # a column a thread
@@ -206,7 +201,7 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
 
 
 def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, maxnreg: int | None = None, qpb: int = 1):
+                 table_dtype=torch.float16, qpb: int = 1):
     """:func:`maxsim.compressed.residual_lut.lut_scores` (one query a program, LQ 32) through the
     Gluon kernel. Q ``[Nq, Lq <= 32, 128]`` on a Hopper GPU."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
@@ -229,6 +224,5 @@ def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8
         layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, layout.group_doc, out,
         Nd, centroids.shape[0], docs_per_program, n_runs,
         Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
-        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages,
-        **({} if maxnreg is None else {"maxnreg": maxnreg}))
+        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages)
     return out

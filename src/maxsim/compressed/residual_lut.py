@@ -103,7 +103,7 @@ def decoder_asm(nbits: int, slot: int, lut: list[int]) -> str:
 
 @triton.jit
 def _decode_slice(b_words, p_row, lut_ptr, m_t, k: tl.constexpr, ASM: tl.constexpr, USE_ASM: tl.constexpr,
-                  NBITS: tl.constexpr, W: tl.constexpr):
+                  NBITS: tl.constexpr):
     """Slice k's int8 weights [BT, 32]: from the group's code bytes b_words [BT, 32] (the byte
     permute), or, under the interpreter, read field by field from the rows (p_row [BT, 1])."""
     if USE_ASM:
@@ -140,18 +140,17 @@ def _residual_lut_kernel(
     qs_ptr,  # [Nq_pad, LQ] fp32: s_j * s_r (22 significant bits; 0 on padding rows)
     tab_ptr,  # [Nq_pad, C, LQ] fp16 / fp32: Q @ C^T (0 on padding rows)
     lut_ptr,  # [2**NBITS] int8 w~ (the interpreter's decode)
-    gdoc_ptr,  # [Tp / G] int32: the document of each group of G tokens
-    out_ptr,  # [Nq, Nd] fp32
+    out_ptr,  # [Nq, Nd] fp32, zeroed (an empty document keeps its 0)
     Nq, Nd, num_centroids, docs_per_program, n_runs,
     DIM: tl.constexpr, NBITS: tl.constexpr, LQ: tl.constexpr, QPB: tl.constexpr, BT: tl.constexpr,
     G: tl.constexpr, USE_ASM: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, ASM2: tl.constexpr,
-    ASM3: tl.constexpr, NO_TABLE: tl.constexpr,
-    PREFETCH: tl.constexpr, ABLATE: tl.constexpr, EPI: tl.constexpr,
+    ASM3: tl.constexpr, NO_TABLE: tl.constexpr, ABLATE: tl.constexpr,
 ):
     """Each program: QPB queries (N = QPB * LQ columns) against a run of whole documents, walked
     as one stream of BT-token tiles. out[q, j] = sum over the query's rows of the max over the
-    document's tokens; an empty document scores 0; a centroid id outside [0, C) makes its
-    document NaN."""
+    document's tokens; a centroid id outside [0, C) makes its document NaN. ABLATE (the probe's
+    ablations): 1 one max over each tile instead of the documents', 2 the code bytes multiplied
+    as they are, undecoded."""
     N: tl.constexpr = QPB * LQ
     W: tl.constexpr = DIM * NBITS // 8
     NG: tl.constexpr = BT // G
@@ -176,23 +175,19 @@ def _residual_lut_kernel(
     t_hi = tl.load(cu_ptr + j_hi)
     j = j_lo
     b_carry = tl.full([N], NEG_INF, dtype=tl.float32)
-    carry_doc = (j_lo * 0 - 3).to(tl.int32)  # the document b_carry belongs to (EPI 1; -3: none)
     lo = t_lo
     hi = tl.load(cu_ptr + j + 1, mask=j < j_hi, other=0)
     o_tt = tl.arange(0, BT)
     o_g = tl.arange(0, NG) * G
     # The next tile's bytes are loaded while this one is scored (registers as the second buffer).
-    b_w0, b_w1, b_cid, b_inv, b_tab = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, t_hi, o_tt,
-                                                 num_centroids, W, NBITS, LQ, N, NO_TABLE)
+    b_w0, b_w1, b_inv, b_tab = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, t_hi, o_tt, num_centroids, W,
+                                          NBITS, LQ, N, NO_TABLE)
     for t0 in range(t_lo, t_hi, BT):
         o_t = t0 + o_tt
         m_t = o_t < t_hi
         p_row = codes_ptr + o_t.to(tl.int64)[:, None] * W  # [BT, 1] (the interpreter's decode)
-        if PREFETCH:
-            n_w0, n_w1, n_cid, n_inv, n_tab = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, t_hi, o_tt,
-                                                         num_centroids, W, NBITS, LQ, N, NO_TABLE)
-        else:
-            n_w0, n_w1, n_cid, n_inv, n_tab = b_w0, b_w1, b_cid, b_inv, b_tab
+        n_w0, n_w1, n_inv, n_tab = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, t_hi, o_tt, num_centroids,
+                                              W, NBITS, LQ, N, NO_TABLE)
         acc = tl.full([BT, N], MAGIC_BITS, dtype=tl.int32)
         if ABLATE == 2:  # ablation: the bytes as the weights (no decode)
             acc = tl.dot(b_w0.to(tl.int8, bitcast=True), b_q0, acc, out_dtype=tl.int32)
@@ -200,45 +195,21 @@ def _residual_lut_kernel(
             acc = tl.dot(b_w1.to(tl.int8, bitcast=True), b_q2, acc, out_dtype=tl.int32)
             acc = tl.dot(b_w1.to(tl.int8, bitcast=True), b_q3, acc, out_dtype=tl.int32)
         else:
-            acc = tl.dot(_decode_slice(b_w0, p_row, lut_ptr, m_t, 0, ASM0, USE_ASM, NBITS, W), b_q0, acc,
+            acc = tl.dot(_decode_slice(b_w0, p_row, lut_ptr, m_t, 0, ASM0, USE_ASM, NBITS), b_q0, acc,
                          out_dtype=tl.int32)
-            acc = tl.dot(_decode_slice(b_w0, p_row, lut_ptr, m_t, 1, ASM1, USE_ASM, NBITS, W), b_q1, acc,
+            acc = tl.dot(_decode_slice(b_w0, p_row, lut_ptr, m_t, 1, ASM1, USE_ASM, NBITS), b_q1, acc,
                          out_dtype=tl.int32)
-            acc = tl.dot(_decode_slice(b_w1, p_row, lut_ptr, m_t, 2, ASM2, USE_ASM, NBITS, W), b_q2, acc,
+            acc = tl.dot(_decode_slice(b_w1, p_row, lut_ptr, m_t, 2, ASM2, USE_ASM, NBITS), b_q2, acc,
                          out_dtype=tl.int32)
-            acc = tl.dot(_decode_slice(b_w1, p_row, lut_ptr, m_t, 3, ASM3, USE_ASM, NBITS, W), b_q3, acc,
+            acc = tl.dot(_decode_slice(b_w1, p_row, lut_ptr, m_t, 3, ASM3, USE_ASM, NBITS), b_q3, acc,
                          out_dtype=tl.int32)
         b_f = acc.to(tl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
-        if NO_TABLE:
-            b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
-        elif tab_ptr.dtype.element_ty == tl.float32:  # the table holds T - 1.5 * 2**23 * qs already
-            b_s = tl.fma(b_f, b_qs[None, :], b_tab)
-        else:
-            b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(tl.float32)
+        b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
+        if not NO_TABLE:
+            b_s += b_tab.to(tl.float32)
         b_s = b_s * b_inv[:, None]
         if ABLATE == 1:  # ablation: one max over the tile, no document boundaries
             b_carry = max_nan(b_carry, tl.reduce(b_s, 0, max_nan))
-        elif EPI == 1:
-            # Every document of the tile at once: group maxima [NG, N]; each group takes the max
-            # over the groups of its document (and the carry, for the document that began in an
-            # earlier tile); a document's last group stores its score. No loop, no offsets read.
-            b_r = tl.reduce(tl.reshape(b_s, [NG, G, N]), 1, max_nan)  # [NG, N]
-            o_grp = t0 // G + o_g // G  # [NG] group index
-            m_grp = t0 + o_g < t_hi
-            b_gdoc = tl.load(gdoc_ptr + o_grp, mask=m_grp, other=-2)  # [NG] document of each group
-            b_next = tl.load(gdoc_ptr + o_grp + 1, mask=t0 + o_g + G < t_hi, other=-1)
-            is_end = m_grp & (b_next != b_gdoc)  # the document's last group
-            same = b_gdoc[:, None] == b_gdoc[None, :]  # [NG, NG]
-            b_m = tl.reduce(tl.where(same[:, :, None], b_r[None, :, :], NEG_INF), 1, max_nan)  # [NG, N]
-            b_m = tl.where((b_gdoc == carry_doc)[:, None], max_nan(b_m, b_carry[None, :]), b_m)
-            b_sc = tl.sum(tl.reshape(b_m, [NG, QPB, LQ]), axis=2)  # [NG, QPB]
-            tl.store(out_ptr + o_qb.to(tl.int64)[None, :] * Nd + b_gdoc[:, None], b_sc,
-                     mask=is_end[:, None] & m_qb[None, :])
-            last_doc = tl.max(tl.where(m_grp, b_gdoc, -1), axis=0)
-            m_last = (b_gdoc == last_doc) & m_grp
-            runs_on = tl.sum((m_last & is_end).to(tl.int32), axis=0) == 0  # it continues in the next tile
-            b_carry = tl.where(runs_on, tl.reduce(tl.where(m_last[:, None], b_m, NEG_INF), 0, max_nan), NEG_INF)
-            carry_doc = tl.where(runs_on, last_doc, -3)
         else:
             b_r = tl.reduce(tl.reshape(b_s, [NG, G, N]), 1, max_nan)  # [NG, N]: groups never straddle documents
             while (j < j_hi) & (hi <= t0 + BT):  # every document that ends in this tile
@@ -254,24 +225,16 @@ def _residual_lut_kernel(
             if j < j_hi:  # document j runs on past this tile
                 inside = (t0 + o_g >= lo) & (t0 + o_g < hi)
                 b_carry = max_nan(b_carry, tl.reduce(tl.where(inside[:, None], b_r, NEG_INF), 0, max_nan))
-        if PREFETCH:
-            b_w0, b_w1, b_cid, b_inv, b_tab = n_w0, n_w1, n_cid, n_inv, n_tab
-        else:
-            b_w0, b_w1, b_cid, b_inv, b_tab = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, t_hi, o_tt,
-                                                         num_centroids, W, NBITS, LQ, N, NO_TABLE)
+        b_w0, b_w1, b_inv, b_tab = n_w0, n_w1, n_inv, n_tab
     if ABLATE == 1:
         tl.store(out_ptr + o_qb.to(tl.int64) * Nd + j_lo, tl.sum(tl.reshape(b_carry, [QPB, LQ]), axis=1), mask=m_qb)
-    if EPI == 0:
-        while j < j_hi:  # empty documents after the last token
-            tl.store(out_ptr + o_qb.to(tl.int64) * Nd + j, tl.zeros([QPB], dtype=tl.float32), mask=m_qb)
-            j += 1
 
 
 @triton.jit
 def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, t_hi, o_tt, num_centroids, W: tl.constexpr,
                NBITS: tl.constexpr, LQ: tl.constexpr, N: tl.constexpr, NO_TABLE: tl.constexpr):
-    """Tile t0's code bytes (two [BT, 32] groups; 2 bits: the same one twice), centroid ids [BT],
-    inverse norms [BT] (NaN where the id lies outside [0, C)) and table rows [BT, N]."""
+    """Tile t0's code bytes (two [BT, 32] groups; 2 bits: the same one twice), inverse norms [BT]
+    (NaN where the centroid id lies outside [0, C)) and table rows [BT, N]."""
     o_t = t0 + o_tt
     m_t = o_t < t_hi
     p_row = codes_ptr + o_t.to(tl.int64)[:, None] * W + tl.arange(0, 32)[None, :]  # [BT, 32]
@@ -288,7 +251,7 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, t_hi, o_tt, num_centroids
         b_tab = tl.zeros([o_tt.shape[0], N], dtype=tl.float16)
     else:
         b_tab = tl.load(p_tab + tl.where(m_code, b_cid, 0).to(tl.int64)[:, None] * LQ, mask=m_t[:, None], other=0.0)
-    return b_w0, b_w1, b_cid, b_inv, b_tab
+    return b_w0, b_w1, b_inv, b_tab
 
 
 # ---------------------------------------------------------------------- host side
@@ -382,8 +345,7 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
                     table_dtype=torch.float16):
     """(q~ [Nq_pad, LQ, d] int8, qs [Nq_pad, LQ] fp32, T [Nq_pad, C, LQ], LQ) for Q ``[Nq, Lq, d]``:
     rows quantised to int8 with one scale each, qs = s_j * s_r, T = Q @ C^T (masked and padding
-    rows 0, so they add nothing to a score). An fp32 table holds ``T - 1.5 * 2**23 * qs`` (the
-    accumulator's float offset folded in: one fma a score instead of an fma and an add)."""
+    rows 0, so they add nothing to a score)."""
     Nq, Lq, dim = Q.shape
     LQ = max(16, triton.next_power_of_2(Lq))
     Nq_pad = -(-Nq // qpb) * qpb
@@ -395,15 +357,13 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q8 = torch.round(q / s[..., None]).clamp(-127, 127).to(torch.int8)
     qs = _round22(torch.where(amax > 0, s * scale, torch.zeros_like(s)))
-    tab = torch.einsum("nld,cd->ncl", q, centroids.to(device=Q.device, dtype=torch.float32))
-    tab = (tab - 12582912.0 * qs[:, None, :]) if table_dtype == torch.float32 else tab.to(table_dtype)
+    tab = torch.einsum("nld,cd->ncl", q, centroids.to(device=Q.device, dtype=torch.float32)).to(table_dtype)
     return q8.contiguous(), qs.contiguous(), tab.contiguous(), LQ
 
 
 def lut_scores(Q: torch.Tensor, layout: LutLayout, centroids: torch.Tensor, *, q_mask=None, qpb: int = 1,
                block_tokens: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4,
-               table_dtype=torch.float16, no_table: bool = False, prefetch: bool = True,
-               ablate: int = 0, epilogue: int = 0) -> torch.Tensor:
+               table_dtype=torch.float16, no_table: bool = False, ablate: int = 0) -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of queries ``Q [Nq, Lq, 128]`` against a :class:`LutLayout` on
     Q's device: the residual term on the int8 tensor cores (query quantised per row), the
     centroid term from ``Q @ C^T``, each token divided by its stored norm."""
@@ -423,11 +383,11 @@ def lut_scores(Q: torch.Tensor, layout: LutLayout, centroids: torch.Tensor, *, q
     n_runs = -(-Nd // docs_per_program)
     asms = [decoder_asm(layout.nbits, s % (4 if layout.nbits == 2 else 2), layout.lut) for s in range(4)]
     _residual_lut_kernel[(n_runs * n_qgroups,)](
-        layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, lut_t, layout.group_doc, out,
+        layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, lut_t, out,
         Nq, Nd, centroids.shape[0], docs_per_program, n_runs,
         DIM=LUT_DIM, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
         USE_ASM=not interpret, ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], NO_TABLE=no_table,
-        PREFETCH=prefetch, ABLATE=ablate, EPI=epilogue,
+        ABLATE=ablate,
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -466,8 +426,6 @@ def lut_emulation(Q: torch.Tensor, codec, codes, residuals, cu, layout: LutLayou
         lo, hi = int(cu[j]), int(cu[j + 1])
         if hi > lo:
             acc = torch.einsum("nld,td->ntl", q8[:Nq].double(), w8[lo:hi])  # [Nq, t, LQ]
-            if tab.dtype == torch.float32:  # the offset folded into the table (prepare_queries)
-                acc = acc + 12582912.0
             s = (tab[:Nq, codes[lo:hi].long(), :].double() + qs[:Nq, None, :].double() * acc) * inv[None, lo:hi, None]
             out[:, j] = s.amax(1).sum(-1)
     return out

@@ -320,7 +320,8 @@ def _join_ids(a, b, deleted_a=None, deleted_b=None, name: str = "the corpus"):
 
 
 def _rows(t: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
-    """Rows ``keep`` (bool ``[t]``) of a per-token tensor, as a new tensor on its device."""
+    """Rows ``keep`` (bool ``[t]``, or int64 row numbers) of a per-token tensor, as a new tensor on
+    its device."""
     mask = torch.from_numpy(keep).to(t.device)
     if t.dtype == torch.float8_e4m3fn:  # (indexing takes fp8 as its bytes)
         return t.view(torch.uint8)[mask].view(t.dtype)
@@ -917,11 +918,9 @@ class Corpus:
         folder = Path(self.path) / self.REFINE_FOLDER
         if not (folder / corpus_format.MANIFEST).is_file():
             return None
-        cached = getattr(self, "_stored_refine", None)
-        if cached is None or cached[0] != folder.stat().st_mtime_ns:
-            cached = (folder.stat().st_mtime_ns, Corpus.load(folder, mmap=True, verify=False))
-            self._stored_refine = cached
-        return cached[1]
+        if getattr(self, "_stored_refine", None) is None:  # opened once (its files are only mapped)
+            self._stored_refine = Corpus.load(folder, mmap=True, verify=False)
+        return self._stored_refine
 
     @staticmethod
     def cleanup(path) -> list[str]:

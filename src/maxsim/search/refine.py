@@ -52,22 +52,18 @@ def _gather(refine, local: np.ndarray):
     """(tokens [t, d] float, offsets [n + 1] int64 host) of refine documents ``local`` (sorted,
     unique, in [0, len)), read from wherever the corpus lies (device, host, pinned or mapped):
     one gather per segment it touches. One-byte tokens are dequantised (values * scales, fp32)."""
+    from maxsim.compressed.quantized import dequantize_tokens
+    from maxsim.search.corpus import _rows
+
     parts, lengths = [], []
     for s in refine.segments:
-        lo, hi = s.first_document, s.first_document + s.num_documents
-        mine = local[(local >= lo) & (local < hi)] - lo
+        mine = local[(local >= s.first_document) & (local < s.first_document + s.num_documents)] - s.first_document
         if mine.size == 0:
             continue
-        starts, stops = s.offsets[mine], s.offsets[mine + 1]
-        n = stops - starts
+        starts, n = s.offsets[mine], s.offsets[mine + 1] - s.offsets[mine]
         rows = np.repeat(starts - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(int(n.sum()))
-        rows_t = torch.from_numpy(rows).to(s.embeddings.device)
-        tokens = s.embeddings.index_select(0, rows_t)
-        if s.scales is not None:  # int8 / fp8 values with a scale a token
-            values = tokens.view(torch.float8_e4m3fn) if tokens.dtype == torch.uint8 and refine.encoding == "fp8" \
-                else tokens
-            tokens = values.float() * s.scales.index_select(0, rows_t).float()[:, None]
-        parts.append(tokens)
+        tokens = _rows(s.embeddings, rows)
+        parts.append(tokens if s.scales is None else dequantize_tokens(tokens, _rows(s.scales, rows)))
         lengths.append(n)
     offsets = np.zeros(len(local) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64), out=offsets[1:])
