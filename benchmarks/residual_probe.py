@@ -129,13 +129,48 @@ def lut_cell(nbits: int, docs: int, variants: list, scores_path: str) -> dict:
     return out
 
 
+def _search_ms(corpus, nq: int) -> float:
+    """Median ms of ``corpus.search`` (top-10) for ``nq`` queries, after one warm call."""
+    Q = queries(nq)
+    corpus.search(Q, 10, progress=False)
+    torch.cuda.synchronize()
+    return median_ms(lambda: corpus.search(Q, 10, progress=False))
+
+
+def search_cell(nbits: int, docs: int) -> dict:
+    """``Corpus.search`` end to end on a resident residual corpus (the look-up scorer, its layout
+    built by the first search): the first search's seconds, then ms at 1 and 32 queries."""
+    import numpy as np
+
+    from maxsim.search.corpus import Corpus, CorpusSegment
+
+    codec, codes, residuals, cu = make_case(nbits, docs)
+    segment = CorpusSegment(codes, cu.cpu().numpy(), 0, residuals=residuals)
+    corpus = Corpus._from_segments([segment], np.arange(docs), codec=codec)
+    Q = queries(1)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    corpus.search(Q, 10, progress=False)
+    torch.cuda.synchronize()
+    out = dict(first_search_s=time.perf_counter() - t, layout_bytes=segment._lookup and
+               next(iter(segment._lookup.values())).nbytes(), codes_bytes=codes.numel() * 4 + residuals.numel())
+    for nq in (1, 32):
+        out[f"search_q{nq}_ms"] = _search_ms(corpus, nq)
+    return out
+
+
 def fp16_cell(docs: int) -> dict:
     import maxsim
+    from maxsim.search.corpus import Corpus
 
     codec, codes, residuals, cu = make_case(2, docs)
     decoded = codec.decode(codes, residuals, normalize=True, dtype=torch.float16)
     del codes, residuals
     out = dict(fp16_bytes=decoded.numel() * 2)
+    corpus = Corpus.from_packed(decoded, cu.cpu().numpy())
+    for nq in (1, 32):
+        out[f"search_fp16_q{nq}_ms"] = _search_ms(corpus, nq)
+    del corpus
     max_len = int((cu[1:] - cu[:-1]).max())
     for nq in (1, 32):
         Q = queries(nq)
@@ -187,12 +222,19 @@ def main():
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--ablations", action="store_true", help="also time the Triton scorer's ablations")
     p.add_argument("--profile", action="store_true", help="build one 2-bit case, score it twice (for ncu)")
-    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: fp16 plane gemlite")
+    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: fp16 plane gemlite search")
+    p.add_argument("--sweep", action="store_true", help="also time the Gluon scorer's tile variants")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [
         dict(label="gluon BT64", gluon=True), dict(label="BT128 w4 waves8", waves=8),
     ]
+    if args.sweep:  # the Gluon scorer's knobs
+        variants += [dict(label="gluon BT64 fp32 table", gluon=True, table="fp32"),
+                     dict(label="gluon BT128", gluon=True, block_tokens=128),
+                     dict(label="gluon BT64 waves4", gluon=True, waves=4),
+                     dict(label="gluon BT64 waves16", gluon=True, waves=16),
+                     dict(label="q32 gluon qpb4 fp32 table", queries=32, gluon=True, qpb=4, table="fp32")]
     if args.ablations:
         variants += [
             dict(label="ablation: no table", no_table=True), dict(label="ablation: no document max", ablate=1),
@@ -229,6 +271,9 @@ def main():
             res[f"lut{nbits}"]["top10_overlap_vs_plane_fp32"] = len(
                 set(a.topk(10).indices.tolist()) & set(b.topk(10).indices.tolist())) / 10
             res[f"lut{nbits}"]["max_abs_vs_plane_fp32"] = float((a - b).abs().max())
+        res[f"search{nbits}"] = skipped if "search" in args.skip else run_isolated(search_cell, nbits, args.docs,
+                                                                                   timeout_s=args.timeout)
+        print(f"search{nbits}", res[f"search{nbits}"], flush=True)
         res[f"gemlite{nbits}"] = skipped if "gemlite" in args.skip else run_isolated(
             gemlite_cell, nbits, args.gemlite_n, timeout_s=args.timeout)
         print(f"gemlite{nbits}", res[f"gemlite{nbits}"], flush=True)
@@ -256,6 +301,14 @@ def main():
         pl = res[f"plane{nbits}"]
         print(f"   plane kernel: {pl.get('plane_fp16_ms')} ms (fp16 decode), {pl.get('plane_fp32_ms')} (fp32)"
               f" {failed(pl) or ''}")
+        sr = res[f"search{nbits}"]
+        if failed(sr):
+            print(f"   Corpus.search: {failed(sr)}")
+        else:
+            fq1, fq32 = res["fp16"].get("search_fp16_q1_ms"), res["fp16"].get("search_fp16_q32_ms")
+            print(f"   Corpus.search top-10: q1 {sr['search_q1_ms']:.3f} ms ({1e3 / sr['search_q1_ms']:.0f} q/s; fp16 "
+                  f"corpus {fq1} ms), q32 {sr['search_q32_ms']:.3f} ms ({32e3 / sr['search_q32_ms']:.0f} q/s; fp16 "
+                  f"{fq32} ms); first search (layout built) {sr['first_search_s']:.2f} s")
         g = res[f"gemlite{nbits}"]
         if failed(g):
             print(f"   gemlite A16W{nbits}: {failed(g)}")

@@ -18,6 +18,11 @@ from maxsim.compressed.residual_lut import (
 )
 
 
+# The fp16 table T = Q @ C^T of unit vectors: a CPU and a GPU fp32 product may round an entry to
+# neighbouring fp16 values, 2**-11 apart below 1 (each query row's max moves by at most that).
+TABLE_ROUNDING = 2.0 ** -11
+
+
 def _prmt(a: int, b: int, sel: int) -> int:
     """PTX prmt.b32 (default mode): byte i of the result is byte (nibble i of sel & 7) of {b, a}."""
     pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
@@ -176,8 +181,43 @@ def test_gluon_kernel_matches_the_emulation(nbits, table, qpb):
     got = gluon_scores(Q.cuda(), layout.to("cuda"), codec.centroids.cuda(), table_dtype=table, qpb=qpb)
     got = got.double().cpu()  # [3, Nd]: 3 queries, so with qpb 2 and 4 the last group is part padding
     want = lut_emulation(Q, codec, codes, residuals, cu, layout, table_dtype=table)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    atol = 1e-4 if table == torch.float32 else TABLE_ROUNDING * Q.shape[1]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=atol)
     assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_a_document_range_scores_its_slice_of_the_columns(nbits):
+    """``docs=(lo, hi)`` (a search's chunk of a stored layout) gives columns lo..hi-1 of the whole."""
+    codec, codes, residuals, cu, Q = _case(nbits, int(torch.randint(0, 2**31, ()).item()), num_docs=60)
+    layout = build_layout(codec, codes, residuals, cu).to(KERNEL_DEVICE)
+    Q, C = Q.to(KERNEL_DEVICE), codec.centroids.to(KERNEL_DEVICE)
+    whole = lut_scores(Q, layout, C).cpu()
+    lo = int(torch.randint(1, 30, ()).item())
+    hi = int(torch.randint(lo + 1, 60, ()).item())
+    part = lut_scores(Q, layout, C, docs=(lo, hi)).cpu()
+    assert part.shape == (3, hi - lo)
+    torch.testing.assert_close(part, whole[:, lo:hi], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernel is Hopper's")
+@pytest.mark.parametrize("nbits", [2, 4])
+@pytest.mark.parametrize("qpb", [1, 4])
+def test_gluon_kernel_takes_short_masked_queries_and_document_ranges(nbits, qpb):
+    from maxsim.compressed.residual_gluon import gluon_scores
+
+    codec, codes, residuals, cu, _ = _case(nbits, int(torch.randint(0, 2**31, ()).item()), num_docs=300)
+    Q = torch.nn.functional.normalize(torch.randn(5, 12, 128), dim=-1)  # 12 rows: padded to 32
+    q_mask = torch.rand(5, 12) > 0.3
+    layout = build_layout(codec, codes, residuals, cu)
+    # an fp32 table: the CPU's and the GPU's fp32 Q @ C^T may round to neighbouring fp16 values
+    want = lut_emulation(Q, codec, codes, residuals, cu, layout, q_mask=q_mask, table_dtype=torch.float32)
+    lay, Qc, C = layout.to("cuda"), Q.cuda(), codec.centroids.cuda()
+    got = gluon_scores(Qc, lay, C, q_mask=q_mask.cuda(), qpb=qpb, table_dtype=torch.float32).double().cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    part = gluon_scores(Qc, lay, C, q_mask=q_mask.cuda(), qpb=qpb, docs=(37, 211),
+                        table_dtype=torch.float32).double().cpu()
+    torch.testing.assert_close(part, got[:, 37:211], rtol=0, atol=0)
 
 
 def test_layout_pads_documents_by_repeating_their_last_token():
@@ -201,3 +241,22 @@ def test_rejects_what_the_decoder_cannot_read():
     codes, residuals = codec.encode(x[:10])
     with pytest.raises(ValueError, match="d 128"):
         build_layout(codec, codes, residuals, torch.tensor([0, 10]))
+
+
+def test_maxsim_residual_varlen_quantize_query(monkeypatch):
+    """The public call's look-up path: the emulation's scores; a call it cannot take says why."""
+    from maxsim.compressed import maxsim_residual_varlen
+
+    codec, codes, residuals, cu, Q = _case(2, int(torch.randint(0, 2**31, ()).item()), num_docs=30)
+    want = lut_emulation(Q, codec, codes, residuals, cu, build_layout(codec, codes, residuals, cu))
+    if not HAS_CUDA:
+        monkeypatch.setenv("MAXSIM_BACKEND", "triton")  # the kernels in the interpreter
+    dev = KERNEL_DEVICE
+    got = maxsim_residual_varlen(Q.to(dev), codes.to(dev), residuals.to(dev), cu.to(dev), codec.to(dev),
+                                 quantize_query=True).double().cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=TABLE_ROUNDING * Q.shape[1])
+    with pytest.raises(ValueError, match="normalize=False"):
+        maxsim_residual_varlen(Q.to(dev), codes.to(dev), residuals.to(dev), cu.to(dev), codec.to(dev),
+                               quantize_query=True, normalize=False)
+    with pytest.raises(TypeError, match="quantize_query must be True or False"):
+        maxsim_residual_varlen(Q, codes, residuals, cu, codec, quantize_query="yes")

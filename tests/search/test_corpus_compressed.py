@@ -12,12 +12,18 @@ import torch
 import torch.nn.functional as F
 from commands import run as run_command
 
+from conftest import KERNEL_DEVICE
 from maxsim.compressed import ProductQuantizer, ResidualCodec
 from maxsim.search import Corpus
 from maxsim.search import format as corpus_format
 
 ENCODINGS = ["residual2", "residual4", "pq8"]
 D = 32
+
+
+# The look-up scorer's fp16 table Q @ C^T: the emulation's CPU product and the GPU's may round an
+# entry to neighbouring fp16 values (2**-11 apart below 1), each of 32 query rows moving its max.
+LOOKUP_TABLE_ATOL = 32 * 2.0 ** -11
 
 
 def unit_docs(generator, n=200, d=D, longest=12):
@@ -193,7 +199,45 @@ def test_gpu_streaming_equals_oracle(tmp_path, encoding, q_dtype, where):
     placed = place(corpus, where, tmp_path)
     result = placed.search(queries, 100, gpu_memory=16 << 20, progress=False)  # several chunks when streamed
     assert result.indices.device.type == "cuda"
+    if where == "device" and encoding.startswith("residual"):  # resident: the look-up scorer's arithmetic
+        from maxsim.compressed.residual_lut import build_layout, lut_emulation
+
+        cu = torch.from_numpy(corpus.offsets)
+        layout = build_layout(codec, corpus.codes, corpus.residuals, cu)
+        Q = torch.stack([q.float().cpu() for q in queries])
+        full = lut_emulation(Q, codec, corpus.codes, corpus.residuals, cu, layout).float()
+        assert_topk(result, full, 100, atol=LOOKUP_TABLE_ATOL)
+        return
     assert_topk(result, full, 100, atol=1e-4 if q_dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_resident_search_scores_with_the_lookup_scorer(monkeypatch, nbits):
+    """A resident residual corpus of d 128 is searched by the look-up scorer (Triton's interpreter on
+    the CPU, the Gluon kernel on a Hopper GPU): the look-up arithmetic's top-k and scores (its
+    float64 emulation), segment by segment, each segment's layout built once and kept."""
+    from maxsim.compressed.residual_lut import build_layout, lut_emulation
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = unit_docs(g, n=40, d=128, longest=24)
+    codec = ResidualCodec.train(torch.cat(docs), nbits, num_centroids=32)
+    corpus = Corpus.from_list(docs[:25], codec=codec).append(docs[25:]).to(KERNEL_DEVICE)  # two segments
+    queries = [q.to(KERNEL_DEVICE) for q in unit_queries(g, [20, 7], d=128)]
+    cu = torch.from_numpy(corpus.offsets)
+    codes, residuals = corpus.codes.cpu(), corpus.residuals.cpu()
+    Q = torch.zeros(2, 20, 128)
+    q_mask = torch.zeros(2, 20, dtype=torch.bool)
+    for i, q in enumerate(queries):
+        Q[i, :q.shape[0]], q_mask[i, :q.shape[0]] = q.cpu(), True
+    want = lut_emulation(Q, codec, codes, residuals, cu, build_layout(codec, codes, residuals, cu),
+                         q_mask=q_mask).float()  # [2, 40]
+    if KERNEL_DEVICE == "cpu":
+        monkeypatch.setenv("MAXSIM_BACKEND", "triton")  # the kernels in the interpreter
+    result = corpus.search(queries, 10, progress=False)
+    assert_topk(result, want, 10, atol=LOOKUP_TABLE_ATOL)
+    assert all(len(s._lookup) == 1 for s in corpus.segments)
+    for s in corpus.segments:  # kept: the next search reads the same layout
+        assert s.lookup_layout(corpus.codec, torch.device(KERNEL_DEVICE)) is next(iter(s._lookup.values()))
 
 
 @pytest.mark.parametrize("make", ["packed", "padded", "init"])

@@ -68,13 +68,14 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, W: gl.const
 @gluon.jit
 def _residual_lut_gluon_kernel(
     codes_ptr, cid_ptr, inv_ptr, cu_ptr, q_ptr, qs_ptr, tab_ptr, gdoc_ptr, out_ptr,
-    Nd, num_centroids, docs_per_program, n_runs,
+    Nd, doc_base, num_centroids, docs_per_program, n_runs,
     Nq, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
     ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; out [Nq, Nd]
     fp32 (pre-zeroed: empty documents keep 0). Arguments as ``residual_lut._residual_lut_kernel``'s
-    (the queries, their scales and tables padded to a multiple of QPB)."""
+    (the queries, their scales and tables padded to a multiple of QPB); ``cu_ptr`` may start at
+    document ``doc_base`` of the layout (group documents count from the layout's first)."""
     N: gl.constexpr = QPB * LQ
     W: gl.constexpr = 128 * NBITS // 8
     NG: gl.constexpr = BT // G
@@ -132,16 +133,16 @@ def _residual_lut_gluon_kernel(
     for t0 in range(t_lo, t_hi, 2 * BT):
         n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ)
         b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
-                                         t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2, ASM3,
+                                         doc_base, t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2, ASM3,
                                          mma, a_op, strips, cols, rows)
         w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ)
         b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
-                                         t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2,
+                                         doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2,
                                          ASM3, mma, a_op, strips, cols, rows)
 
 
 @gluon.jit
-def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, t0, t_hi, o_g, b_carry,
+def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry,
                 carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
                 G: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
                 a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr):
@@ -191,7 +192,7 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
     o_qb = q0 + gl.arange(0, QPB, gl.SliceLayout(0, sc_l))
     b_gd = gl.convert_layout(b_gdoc, gl.SliceLayout(1, sc_l))
     b_end = gl.convert_layout(is_end, gl.SliceLayout(1, sc_l))
-    gl.store(out_ptr + o_qb.to(gl.int64)[None, :] * Nd + b_gd[:, None], b_sc,
+    gl.store(out_ptr + o_qb.to(gl.int64)[None, :] * Nd + (b_gd - doc_base)[:, None], b_sc,
              mask=b_end[:, None] & (o_qb < Nq)[None, :])
     last_end = gl.sum(gl.where(o_g == NG - 1, is_end.to(gl.int32), 0), axis=0)
     last_ok = gl.sum(gl.where(o_g == NG - 1, m_grp.to(gl.int32), 0), axis=0)
@@ -200,29 +201,31 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
     return gl.where(goes_on, run, NEG_INF), gl.where(goes_on, prev_doc, -3)
 
 
-def gluon_scores(Q, layout, centroids, *, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, qpb: int = 1):
-    """:func:`maxsim.compressed.residual_lut.lut_scores` (one query a program, LQ 32) through the
-    Gluon kernel. Q ``[Nq, Lq <= 32, 128]`` on a Hopper GPU."""
+def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
+                 table_dtype=torch.float16, qpb: int = 1, docs=None):
+    """:func:`maxsim.compressed.residual_lut.lut_scores` through the Gluon kernel: Q ``[Nq, Lq <=
+    32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all)."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
     from maxsim.tuning import multiprocessors
 
     Nq = Q.shape[0]
-    Nd = layout.num_docs
+    lo, hi = (0, layout.num_docs) if docs is None else docs
+    Nd = hi - lo
     out = torch.zeros(Nq, Nd, dtype=torch.float32, device=Q.device)
     if Nq == 0 or Nd == 0:
         return out
-    q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, qpb=qpb, table_dtype=table_dtype)
-    if LQ != 32:
+    if Q.shape[1] > 32:
         raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
+    q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, q_mask=q_mask, qpb=qpb, table_dtype=table_dtype,
+                                      rows=32)
     slots = waves * multiprocessors(Q.device.index or 0)
     docs_per_program = max(1, -(-Nd // max(1, slots)))
     n_runs = -(-Nd // docs_per_program)
     per_group = 4 if layout.nbits == 2 else 2
     asms = [decoder_asm(layout.nbits, s % per_group, layout.lut) for s in range(4)]
     _residual_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
-        layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, layout.group_doc, out,
-        Nd, centroids.shape[0], docs_per_program, n_runs,
+        layout.codes, layout.cid, layout.inv_norm, layout.cu[lo:hi + 1], q8, qs, tab, layout.group_doc, out,
+        Nd, lo, centroids.shape[0], docs_per_program, n_runs,
         Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
         ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages)
     return out

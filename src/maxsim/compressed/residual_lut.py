@@ -342,12 +342,14 @@ def _round22(x: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q_mask=None, qpb: int = 1,
-                    table_dtype=torch.float16):
+                    table_dtype=torch.float16, rows: int | None = None):
     """(q~ [Nq_pad, LQ, d] int8, qs [Nq_pad, LQ] fp32, T [Nq_pad, C, LQ], LQ) for Q ``[Nq, Lq, d]``:
     rows quantised to int8 with one scale each, qs = s_j * s_r, T = Q @ C^T (masked and padding
-    rows 0, so they add nothing to a score)."""
+    rows 0, so they add nothing to a score). LQ: ``rows`` (>= Lq), else the next power of two >= 16."""
     Nq, Lq, dim = Q.shape
-    LQ = max(16, triton.next_power_of_2(Lq))
+    LQ = max(16, triton.next_power_of_2(Lq)) if rows is None else rows
+    if LQ < Lq:
+        raise ValueError(f"rows ({rows}) must hold the query's {Lq} tokens")
     Nq_pad = -(-Nq // qpb) * qpb
     q = torch.zeros(Nq_pad, LQ, dim, dtype=torch.float32, device=Q.device)
     q[:Nq, :Lq] = Q.float()
@@ -363,14 +365,17 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
 
 def lut_scores(Q: torch.Tensor, layout: LutLayout, centroids: torch.Tensor, *, q_mask=None, qpb: int = 1,
                block_tokens: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4,
-               table_dtype=torch.float16, no_table: bool = False, ablate: int = 0) -> torch.Tensor:
+               table_dtype=torch.float16, no_table: bool = False, ablate: int = 0, docs=None) -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of queries ``Q [Nq, Lq, 128]`` against a :class:`LutLayout` on
-    Q's device: the residual term on the int8 tensor cores (query quantised per row), the
-    centroid term from ``Q @ C^T``, each token divided by its stored norm."""
+    Q's device (``docs``: ``(lo, hi)``, only documents lo..hi-1, Nd = hi - lo): the residual term
+    on the int8 tensor cores (query quantised per row), the centroid term from ``Q @ C^T``, each
+    token divided by its stored norm."""
     from maxsim.tuning import multiprocessors
 
     Nq = Q.shape[0]
-    Nd = layout.num_docs
+    lo, hi = (0, layout.num_docs) if docs is None else docs
+    cu = layout.cu[lo:hi + 1]
+    Nd = hi - lo
     out = torch.zeros(Nq, Nd, dtype=torch.float32, device=Q.device)  # empty documents score 0
     if Nq == 0 or Nd == 0:
         return out
@@ -383,7 +388,7 @@ def lut_scores(Q: torch.Tensor, layout: LutLayout, centroids: torch.Tensor, *, q
     n_runs = -(-Nd // docs_per_program)
     asms = [decoder_asm(layout.nbits, s % (4 if layout.nbits == 2 else 2), layout.lut) for s in range(4)]
     _residual_lut_kernel[(n_runs * n_qgroups,)](
-        layout.codes, layout.cid, layout.inv_norm, layout.cu, q8, qs, tab, lut_t, out,
+        layout.codes, layout.cid, layout.inv_norm, cu, q8, qs, tab, lut_t, out,
         Nq, Nd, centroids.shape[0], docs_per_program, n_runs,
         DIM=LUT_DIM, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
         USE_ASM=not interpret, ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], NO_TABLE=no_table,

@@ -112,7 +112,7 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
 
 
 def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seqlen_d=None, q_mask=None,
-                           normalize=True, decode_dtype=None):
+                           normalize=True, decode_dtype=None, quantize_query=False):
     """MaxSim of Q against packed residual-compressed documents.
 
     Q [Nq, Lq, d] (or [Lq, d]); codes [T] int; residuals [T, packed_dim] uint8; cu_seqlens_d
@@ -121,11 +121,28 @@ def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seql
     packed stream kernel decodes each tile on chip (keep codes and residuals on Q's device: others
     are copied there whole); a code outside [0, C) makes its document's scores NaN there (the
     PyTorch backend raises). Otherwise documents are decoded a bounded chunk at a time.
+
+    ``quantize_query=True`` (2- and 4-bit codes, d 128, ``normalize=True``, no gradient, Triton
+    backend): the look-up scorer instead, each query token quantised to int8 and the residual
+    term multiplied on the int8 tensor cores against the corpus's int8 bucket weights (its top-10
+    is the decode's on real tokens; scores within a few 1e-3). It builds the look-up layout
+    (:func:`lookup_layout`) for the call; a search of a stored corpus (``maxsim.Corpus``) builds it
+    once and keeps it.
     """
     Q, q_mask, single_query = _check_call(Q, codes, residuals, codec, normalize, q_mask, 1, "[T]")
     cu = check_cu_seqlens(cu_seqlens_d, codes.shape[0], on_host=False)
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
+    if not isinstance(quantize_query, bool):
+        raise TypeError(f"maxsim: quantize_query must be True or False, got {quantize_query!r}")
+    if quantize_query:
+        choice = lookup_scorer(Q, q_mask, codec, normalize)
+        if isinstance(choice, str):
+            raise ValueError(f"maxsim: quantize_query=True needs the look-up scorer, which cannot run this call: "
+                             f"{choice}")
+        layout = lookup_layout(codec, codes.to(device), residuals.to(device), cu.to(device))
+        out = lookup_scores(Q, q_mask, layout, codec, choice)
+        return out[0] if single_query else out
     if backend_for(device) == "triton":
         out = _on_chip(Q, q_mask, codes, residuals, cu, codec, dtype, normalize)
         if out is not None:
@@ -187,6 +204,47 @@ def _on_chip(Q, q_mask, codes, residuals, cu, codec, dtype, normalize):
     cu_device = cu.to(device)
     return residual_stream_forward(q_packed.contiguous(), cu_q, max_q, codes.to(device), residuals.to(device),
                                    cu_device, codec, dtype, normalize, config=choice.config)
+
+
+# ---------------------------------------------------------------------- the look-up scorer
+def lookup_layout(codec, codes, residuals, cu):
+    """The look-up scorer's layout (:class:`maxsim.compressed.residual_lut.LutLayout`) of packed
+    residual documents (codes ``[T]``, residuals ``[T, P]``, ``cu [Nd + 1]``) on their device:
+    codes in the decoder's order, each token's norm, documents padded to 16 tokens. Raises on a
+    centroid id outside the codec's table."""
+    from .residual_lut import build_layout
+
+    return build_layout(codec, codes, residuals, cu)
+
+
+def lookup_scorer(Q, q_mask, codec, normalize: bool = True):
+    """The look-up scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]`` against
+    ``codec``'s codes on Q's device, or why it cannot run (a str)."""
+    if backend_for(Q.device) != "triton":
+        return f"tensors on {Q.device} run the PyTorch backend"
+    needs_grad = torch.is_grad_enabled() and Q.requires_grad
+    choice, rejected = _select.lookup_choice(Q.shape[0], Q.shape[1], codec.dim, codec.nbits, Q.dtype,
+                                             q_mask is not None, normalize, needs_grad, device_of(Q)[1])
+    if choice is None:
+        return "; ".join(f"{name} {why}" for name, why in rejected)
+    return choice
+
+
+def lookup_scores(Q, q_mask, layout, codec, choice, docs=None):
+    """Scores ``[Nq, Nd]`` fp32 of ``Q [Nq, Lq, 128]`` (``q_mask [Nq, Lq]`` or None) against a
+    look-up layout on Q's device (``docs``: ``(lo, hi)``, its documents lo..hi-1; None: all), by
+    the kernel ``choice`` (:func:`lookup_scorer`) names."""
+    centroids = codec.centroids if codec.centroids.device == Q.device else codec.centroids.to(Q.device)
+    cfg = choice.config
+    if choice.kernel is _specs.LOOKUP_GLUON:
+        from .residual_gluon import gluon_scores
+
+        return gluon_scores(Q, layout, centroids, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"],
+                            qpb=cfg["qpb"], docs=docs)
+    from .residual_lut import lut_scores
+
+    return lut_scores(Q, layout, centroids, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], waves=cfg["waves"], docs=docs)
 
 
 def centroid_scores(Q, codec):

@@ -31,3 +31,31 @@ CHUNKED_DECODE = KernelSpec(
     dtypes=DECODE_DTYPES,
     layouts=("padded", "packed"),
 )
+
+# The look-up scorer (:mod:`maxsim.compressed.residual_lut`): a query quantised to int8 a row, the
+# codes expanded in registers, int8 tensor-core products. It reads the corpus's look-up layout
+# (built once per corpus, :func:`maxsim.compressed.residual_lut.build_layout`), so it serves
+# searches of a stored corpus, not one-off calls on raw codes.
+LOOKUP_DIM = 128
+LOOKUP_NBITS = (2, 4)
+LOOKUP_GLUON = KernelSpec(
+    "compressed.lookup_gluon",
+    "Gluon (Hopper): the look-up scorer with explicit layouts: code words loaded into the wgmma's register "
+    "operand and expanded there by byte permutes (int8 bucket weights), the query quantised per row in "
+    "shared memory, the centroid term a row of the per-query Q @ C^T table, each token's stored norm",
+    dtypes=(torch.float16, torch.bfloat16, torch.float32),
+    dims=(LOOKUP_DIM,),
+    layouts=("packed",),
+    argmax=False,
+    families=("sm90",),
+    triton=((3, 6),),
+)
+LOOKUP_TRITON = KernelSpec(
+    "compressed.lookup_triton",
+    "Triton: the look-up scorer (query quantised per row, codes expanded by byte permutes, int8 "
+    "tensor-core products, the centroid term from the per-query Q @ C^T table, stored norms)",
+    dtypes=(torch.float16, torch.bfloat16, torch.float32),
+    dims=(LOOKUP_DIM,),
+    layouts=("packed",),
+    argmax=False,
+)

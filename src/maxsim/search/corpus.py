@@ -79,6 +79,7 @@ class CorpusSegment:
     _offsets_on: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _longest: int | None = field(default=None, init=False, repr=False, compare=False)
     _scales_checked: bool = field(default=False, init=False, repr=False, compare=False)
+    _lookup: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def check_scales(self) -> None:
         """The one-byte scales checked (finite, >= 0) the first time a search reads them, not at
@@ -95,6 +96,17 @@ class CorpusSegment:
         if key not in self._offsets_on:
             self._offsets_on[key] = torch.from_numpy(self.offsets).to(device)
         return self._offsets_on[key]
+
+    def lookup_layout(self, codec, device: torch.device):
+        """A residual segment's look-up layout on ``device`` (where its codes are), built the first
+        time a search asks for it and kept with the segment (its tokens never change)."""
+        key = str(torch.device(device))
+        if key not in self._lookup:
+            from maxsim.compressed.scoring import lookup_layout
+
+            self._lookup.clear()  # one device at a time: the layout takes about the codes' bytes again
+            self._lookup[key] = lookup_layout(codec, self.embeddings, self.residuals, self.offsets_on(device))
+        return self._lookup[key]
 
     @property
     def longest(self) -> int:

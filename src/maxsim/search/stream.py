@@ -181,6 +181,12 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
                 views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])]
         if compressed:
             views = _padded_queries(q[t0:t1], cu_b, max_b)
+            if corpus.segments[0].residuals is not None and not streamed:
+                # a resident residual corpus: the look-up scorer on its layout where it runs
+                from maxsim.compressed.scoring import lookup_scorer
+
+                choice = lookup_scorer(views[0], views[1], codec)
+                views = views + ((choice if not isinstance(choice, str) else None),)
         batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
 
     # The work: (segment, start, stop) chunks of every segment.
@@ -209,8 +215,13 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
                 segment.check_scales()
                 scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base,
                                                cu_d=segment.offsets_on(device), max_d=segment.longest)
+            elif compressed and len(views) == 3 and views[2] is not None and segment.embeddings.device == device:
+                from maxsim.compressed.scoring import lookup_scores
+
+                layout = segment.lookup_layout(codec, device)
+                scores = lookup_scores(views[0], views[1], layout, codec, views[2], docs=(start, stop))
             elif compressed:
-                scores = score_compressed_chunk(views, chunk, codec, segment.offsets, start, stop, token_base,
+                scores = score_compressed_chunk(views[:2], chunk, codec, segment.offsets, start, stop, token_base,
                                                 cu_d=segment.offsets_on(device), max_d=segment.longest)
             else:
                 scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base,

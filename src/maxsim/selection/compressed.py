@@ -60,11 +60,48 @@ def _choice(nq, lq, d, dtype, layout, masked, normalize, argmax, family) -> Choi
                                    "chunk's decoded tokens to memory and reads them back")),))
 
 
+def lookup_choice(Nq: int, Lq: int, d: int, nbits: int, dtype: torch.dtype, masked: bool, normalize: bool,
+                  needs_grad: bool, family: str) -> tuple[Choice | None, tuple[tuple[str, str], ...]]:
+    """(the look-up scorer and its tile for a search of a residual corpus's look-up layout, or
+    None; why each look-up kernel was not taken). It scores with a query quantised to int8 a row
+    and the corpus's stored norms (normalised decode only), so it serves inference."""
+    return _lookup(next_pow2(max(Nq, 1)), Lq, d, nbits, dtype, masked, normalize, needs_grad, family)
+
+
+@functools.lru_cache(maxsize=512)
+def _lookup(nq, lq, d, nbits, dtype, masked, normalize, needs_grad, family):
+    call = call_of(dtype, d, "packed", masked, True, needs_grad, family)
+    common = None
+    if nbits not in specs.LOOKUP_NBITS:
+        common = f"expands {' or '.join(map(str, specs.LOOKUP_NBITS))}-bit codes, not {nbits}-bit"
+    elif not normalize:
+        common = "scores the normalised decode (its stored norms), not normalize=False"
+    rejected = []
+    for spec, table in ((specs.LOOKUP_GLUON, T.LOOKUP_GLUON_SM90), (specs.LOOKUP_TRITON, T.LOOKUP_TRITON_SM90)):
+        why = common or spec.unsupported(call)
+        if why is None and family == "interpreter" and spec is specs.LOOKUP_GLUON:
+            why = "runs on a Hopper GPU only, not in Triton's interpreter"
+        if why is None and spec is specs.LOOKUP_GLUON and lq > 32:
+            why = f"holds 32 query rows a query (N = 32 a query in the wgmma), not {lq}"
+        if why is not None:
+            rejected.append((spec.name, why))
+            continue
+        f = dict(rows=32 * nq)
+        rule = first_match(table, f)
+        config = tile_of(rule, f)
+        if family == "interpreter":
+            config.update(waves=1, num_warps=4, num_stages=1)
+        return Choice(spec, config, rule.name, rule.record, tuple(rejected)), tuple(rejected)
+    return None, tuple(rejected)
+
+
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
-                     decode_dtype=None, requires_grad: bool = False, gpu: str | None = None):
+                     decode_dtype=None, requires_grad: bool = False, gpu: str | None = None,
+                     quantize_query: bool = False):
     """What ``maxsim.maxsim_residual[_varlen](Q, ..., codec, ...)`` runs for ``num_docs`` documents
-    and why (``gpu``: as a GPU family would, e.g. ``"sm90"`` from any machine). Returns a
-    :class:`maxsim.selection.Explanation`; print it."""
+    and why (``gpu``: as a GPU family would, e.g. ``"sm90"`` from any machine); with
+    ``quantize_query=True``, what the look-up scorer runs (as ``maxsim.Corpus.search`` of a resident
+    residual corpus does). Returns a :class:`maxsim.selection.Explanation`; print it."""
     from maxsim._capability import dtype_name
     from maxsim._dispatch import backend_for, interpreting
     from maxsim.compressed._inputs import check_query
@@ -91,5 +128,14 @@ def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=
         return Explanation(header, Choice(specs.CHUNKED_DECODE, dict(chunk_bytes=64 << 20),
                                           f"tensors on {Q.device}: the PyTorch backend", "-"),
                            None, f"PyTorch (tensors on {Q.device}; pass gpu='sm90' to see a GPU's plan)")
+    if quantize_query:
+        if layout != "packed":
+            raise ValueError("maxsim: the look-up scorer (quantize_query=True) scores packed documents")
+        look, rejected = lookup_choice(Nq, Lq, codec.dim, codec.nbits, Q.dtype, q_mask is not None, normalize,
+                                       requires_grad, family)
+        if look is None:
+            look = Choice(specs.CHUNKED_DECODE, None, "the look-up scorer cannot run the call", "-", rejected)
+        return Explanation(header + ", quantize_query=True", look, None,
+                           "Triton kernels" + (f", as {family} would run them" if gpu else ""))
     fwd = forward_choice(Nq, Lq, codec.dim, dtype, layout, q_mask is not None, normalize, requires_grad, family)
     return Explanation(header, fwd, None, "Triton kernels" + (f", as {family} would run them" if gpu else ""))

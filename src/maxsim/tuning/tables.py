@@ -317,6 +317,20 @@ COMPRESSED_STREAM_SM90 = (
 )
 COMPRESSED_TILE_ELEMENTS = 8192
 
+# The look-up residual scorer (maxsim.compressed.residual_lut / residual_gluon). rows: the batch's
+# stacked query rows (queries x 32). qpb: queries a program (the MMA's N = 32 qpb); BT: tokens a
+# tile; waves: programs an SM. Gluon for queries of up to 32 tokens on Hopper, Triton otherwise.
+_LOOKUP_RECORD = "BENCHMARKS.md, PLAID residual codes on the int8 tensor cores (benchmarks/residual_probe.py, 2026-12-05)"
+LOOKUP_GLUON_SM90 = (
+    Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=64, waves=8), _LOOKUP_RECORD),
+    Rule("two or three queries", When(rows=(33, 96)), _T(qpb=2, BT=64, waves=8), _LOOKUP_RECORD),
+    Rule("four queries or more (N 128)", When(), _T(qpb=4, BT=64, waves=8), _LOOKUP_RECORD),
+)
+LOOKUP_TRITON_SM90 = (
+    Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, num_warps=4, num_stages=3, waves=8), _LOOKUP_RECORD),
+    Rule("several queries", When(), _T(qpb=2, BT=128, num_warps=4, num_stages=3, waves=8), _LOOKUP_RECORD),
+)
+
 # --- families ----------------------------------------------------------------------------------
 
 # Applied to the sm90 choice on GPUs nobody measured: what every CUDA GPU from sm80 on holds.
