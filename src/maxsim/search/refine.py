@@ -40,21 +40,46 @@ def check_refine(corpus, refine, refine_factor) -> int:
                          "from the same documents in the same order")
     if refine.dim != corpus.dim:
         raise ValueError(f"maxsim: the refine corpus has d={refine.dim}, the corpus d={corpus.dim}")
-    same_ids = (refine.ids == corpus.ids) if isinstance(corpus.ids, list) or isinstance(refine.ids, list) \
-        else np.array_equal(np.asarray(refine.ids), np.asarray(corpus.ids))
-    if not same_ids:
+    if not _same_ids(corpus, refine):
         raise ValueError("maxsim: the refine corpus's ids differ from the corpus's: build both from the same "
                          "documents in the same order")
     return refine_factor
 
 
-def _gather(refine, local: np.ndarray):
-    """(tokens [t, d] float, offsets [n + 1] int64 host) of refine documents ``local`` (sorted,
-    unique, in [0, len)), read from wherever the corpus lies (device, host, pinned or mapped):
-    one gather per segment it touches. One-byte tokens are dequantised (values * scales, fp32)."""
-    from maxsim.compressed.quantized import dequantize_tokens
+def _same_ids(corpus, refine) -> bool:
+    """Whether both corpora hold the same ids; remembered on ``refine`` for the same two id objects
+    (a search would otherwise compare millions of ids a call)."""
+    seen = getattr(refine, "_refine_ids_checked", None)
+    if seen is not None and seen[0] is corpus.ids and seen[1] is refine.ids:
+        return True
+    same = (refine.ids == corpus.ids) if isinstance(corpus.ids, list) or isinstance(refine.ids, list) \
+        else np.array_equal(np.asarray(refine.ids), np.asarray(corpus.ids))
+    if same:
+        refine._refine_ids_checked = (corpus.ids, refine.ids)
+    return bool(same)
+
+
+def _take(t: torch.Tensor, rows: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Rows ``rows`` (int64) of a per-token tensor, on ``device``. From host memory to a GPU they
+    are gathered into pinned memory (threads) and copied without a staging pass."""
     from maxsim.search.corpus import _rows
 
+    if t.device.type != "cpu" or device.type != "cuda":
+        return _rows(t, rows).to(device)
+    src = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # (index_select takes fp8 as bytes)
+    buf = torch.empty((rows.size,) + tuple(src.shape[1:]), dtype=src.dtype, pin_memory=True)
+    torch.index_select(src, 0, torch.from_numpy(rows), out=buf)
+    return buf.to(device, non_blocking=True).view(t.dtype)
+
+
+def _gather(refine, local: np.ndarray, device: torch.device):
+    """(tokens [t, d] on ``device``, offsets [n + 1] int64 host) of refine documents ``local``
+    (sorted, unique, in [0, len)), read from wherever the corpus lies (device, host, pinned or
+    mapped): one gather per segment it touches. One-byte tokens are dequantised on ``device``
+    (values * scales, fp32), so only their bytes are copied."""
+    from maxsim.compressed.quantized import dequantize_tokens
+
+    device = torch.device(device)
     parts, lengths = [], []
     for s in refine.segments:
         mine = local[(local >= s.first_document) & (local < s.first_document + s.num_documents)] - s.first_document
@@ -62,12 +87,13 @@ def _gather(refine, local: np.ndarray):
             continue
         starts, n = s.offsets[mine], s.offsets[mine + 1] - s.offsets[mine]
         rows = np.repeat(starts - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(int(n.sum()))
-        tokens = _rows(s.embeddings, rows)
-        parts.append(tokens if s.scales is None else dequantize_tokens(tokens, _rows(s.scales, rows)))
+        tokens = _take(s.embeddings, rows, device)
+        parts.append(tokens if s.scales is None else dequantize_tokens(tokens, _take(s.scales, rows, device)))
         lengths.append(n)
     offsets = np.zeros(len(local) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64), out=offsets[1:])
-    return torch.cat(parts) if parts else torch.zeros(0, refine.dim), offsets
+    return torch.cat(parts) if len(parts) > 1 else parts[0] if parts else torch.zeros(0, refine.dim, device=device), \
+        offsets
 
 
 def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: torch.Tensor, k: int,
@@ -86,20 +112,20 @@ def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: t
     valid = idx >= 0
     local = idx - refine.base_index
     docs = np.unique(local[valid])  # [n] sorted
-    tokens, cu_d = _gather(refine, docs)
+    tokens, cu_d = _gather(refine, docs, device)
     dtype = tokens.dtype if tokens.dtype in (torch.float16, torch.bfloat16) else torch.float32
-    tokens = tokens.to(device=device, dtype=dtype, non_blocking=True)
+    tokens = tokens.to(dtype)
     qd = q.to(device=device, dtype=dtype)
-    pos = np.searchsorted(docs, np.where(valid, local, docs[0] if docs.size else 0))  # [Nq, m]
-    pair_q = torch.arange(Nq, device=device).repeat_interleave(m)
-    pair_d = torch.from_numpy(pos.reshape(-1).astype(np.int64)).to(device)
-    ok = torch.from_numpy(valid.reshape(-1)).to(device)
-    scores = torch.full((Nq * m,), float("-inf"), dtype=torch.float32, device=device)
-    if docs.size and ok.any():
-        lengths_q = np.diff(cu_q_host)
-        lengths_d = np.diff(cu_d)
-        got = score_pairs_packed(qd, tokens, torch.from_numpy(cu_q_host).to(device), torch.from_numpy(cu_d).to(device),
-                                 pair_q[ok], pair_d[ok], int(lengths_q.max()) if lengths_q.size else 0,
-                                 int(lengths_d.max()) if lengths_d.size else 0)
-        scores[ok] = got.float()
-    return merge_topk(scores.view(Nq, m), indices.to(device), k)
+    if docs.size == 0:  # no query has a candidate
+        scores = torch.full((Nq, m), float("-inf"), dtype=torch.float32, device=device)
+        return merge_topk(scores, indices.to(device), k)
+    # every pair scored (a missing candidate as the first document, then dropped): no host syncs
+    pos = np.searchsorted(docs, np.where(valid, local, docs[0]))  # [Nq, m]
+    pairs = torch.from_numpy(np.stack([np.repeat(np.arange(Nq, dtype=np.int64), m), pos.reshape(-1)])).to(device)
+    lengths_q, lengths_d = np.diff(cu_q_host), np.diff(cu_d)
+    got = score_pairs_packed(qd, tokens, torch.from_numpy(cu_q_host).to(device), torch.from_numpy(cu_d).to(device),
+                             pairs[0], pairs[1], int(lengths_q.max()) if lengths_q.size else 0,
+                             int(lengths_d.max()))  # [Nq * m]
+    indices = indices.to(device)
+    scores = torch.where(indices >= 0, got.float().view(Nq, m), float("-inf"))
+    return merge_topk(scores, indices, k)
