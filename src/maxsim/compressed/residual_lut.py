@@ -359,7 +359,7 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q8 = torch.round(q / s[..., None]).clamp(-127, 127).to(torch.int8)
     qs = _round22(torch.where(amax > 0, s * scale, torch.zeros_like(s)))
-    tab = torch.einsum("nld,cd->ncl", q, centroids.to(device=Q.device, dtype=torch.float32)).to(table_dtype)
+    tab = torch.matmul(centroids.to(device=Q.device, dtype=torch.float32), q.transpose(1, 2)).to(table_dtype)  # [n, C, LQ]
     return q8.contiguous(), qs.contiguous(), tab.contiguous(), LQ
 
 
