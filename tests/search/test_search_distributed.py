@@ -49,6 +49,14 @@ def _worker(rank, world, port, seed, path, results):
         shard = Corpus.load(path, mmap=True).shard(rank, world)
         r = distributed_search(shard, queries, 100, progress=False, device="cpu")
         out["mmap"] = (r.scores, r.indices, r.ids)
+        # an int8 first stage refined from the float tokens: each shard's 5 x 16 candidates hold all
+        # of its documents, so the refined answer is the exact top-5
+        coarse = Corpus.from_list(docs, ids=[f"d{j}" for j in range(len(docs))], encoding="int8")
+        r = distributed_search(coarse, queries, 5, progress=False, device="cpu", refine=corpus, refine_factor=16)
+        out["refined"] = (r.scores, r.indices, r.ids)
+        stored = Corpus.load(path + "-int8", mmap=True)  # its refine/ folder: refine=True
+        r = distributed_search(stored, queries, 5, progress=False, device="cpu", refine=True, refine_factor=16)
+        out["stored refine"] = (r.scores, r.indices, r.ids)
         results[rank] = out
         dist.destroy_process_group()
     except Exception:  # pragma: no cover - reported by the parent
@@ -64,6 +72,8 @@ def test_gloo_sharded_equals_single_process(tmp_path, world):
     docs, queries = _inputs(seed)
     path = tmp_path / "c"
     Corpus.from_list(docs, ids=[f"d{j}" for j in range(len(docs))]).save(path)
+    Corpus.from_list(docs, ids=[f"d{j}" for j in range(len(docs))], encoding="int8").save(tmp_path / "c-int8")
+    Corpus.from_list(docs, ids=[f"d{j}" for j in range(len(docs))]).save(tmp_path / "c-int8" / "refine")
     full = maxsim.maxsim_varlen(queries, docs)
     values, order = torch.sort(full, stable=True, dim=-1, descending=True)
 
@@ -83,7 +93,7 @@ def test_gloo_sharded_equals_single_process(tmp_path, world):
     for rank in range(world):
         out = results.get(rank)
         assert not isinstance(out, str), f"rank {rank} failed:\n{out}"
-        for mode, k in (("memory", 20), ("mmap", 100)):
+        for mode, k in (("memory", 20), ("mmap", 100), ("refined", 5), ("stored refine", 5)):
             scores, indices, ids = out[mode]
             n = min(k, len(docs))
             assert torch.equal(indices, order[:, :n]), (rank, mode)

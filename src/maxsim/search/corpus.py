@@ -1083,31 +1083,11 @@ class Corpus:
             ``SearchResult(scores [Nq, k'] fp32, indices [Nq, k'] int64, ids)``; 2-D ``Q`` drops the
             query axis. Ctrl-C stops the stream cleanly and raises KeyboardInterrupt.
         """
-        from maxsim.search.stream import choose_device, search_corpus
+        from maxsim.search.refine import refined_search
 
-        if refine is None:
-            scores, indices = search_corpus(self, Q, k, q_mask=q_mask, batch_size=batch_size, gpu_memory=gpu_memory,
-                                            progress=progress, device=device, subset=subset)
-        else:
-            from maxsim.search.refine import check_refine, refine_candidates
-            from maxsim.search.topk import check_k, packed_queries
-
-            if refine is True:
-                refine = self.stored_refine()
-                if refine is None:
-                    raise ValueError(f"maxsim: {self.name()} holds no refine tokens: build it with python -m maxsim "
-                                     "index ... --refine float16 (a refine/ folder beside the codes), or pass "
-                                     "refine=a Corpus of the same documents")
-            factor = check_refine(self, refine, refine_factor)
-            k = check_k(k)
-            scores, indices = search_corpus(self, Q, k * factor, q_mask=q_mask, batch_size=batch_size,
-                                            gpu_memory=gpu_memory, progress=progress, device=device, subset=subset)
-            squeeze = indices.dim() == 1
-            q, _, cu_q_host, _ = packed_queries(torch.from_numpy(Q) if isinstance(Q, np.ndarray) else Q, q_mask)
-            scores, indices = refine_candidates(refine, q, cu_q_host, indices[None] if squeeze else indices, k,
-                                                choose_device(self, Q, device))
-            if squeeze:
-                scores, indices = scores[0], indices[0]
+        scores, indices = refined_search(self, Q, k, q_mask=q_mask, refine=refine, refine_factor=refine_factor,
+                                         batch_size=batch_size, gpu_memory=gpu_memory, progress=progress,
+                                         device=device, subset=subset)
         if scores.dim() == 1:
             return SearchResult(scores, indices, self.ids_of(indices[None])[0])
         return SearchResult(scores, indices, self.ids_of(indices))

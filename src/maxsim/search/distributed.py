@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from maxsim.search.corpus import Corpus, SearchResult
-from maxsim.search.stream import search_corpus
 from maxsim.search.topk import check_k, merge_topk
 
 
@@ -31,13 +30,19 @@ def _collective_device(group) -> torch.device:
 
 
 def distributed_search(corpus: Corpus, Q, k: int, q_mask=None, *, group=None, batch_size=None, gpu_memory=None,
-                       progress=None, device=None) -> SearchResult:
+                       progress=None, device=None, refine=None, refine_factor: int = 4) -> SearchResult:
     """Exact top-k over a corpus sharded across the ranks of ``group`` (default: the world).
 
     ``corpus``: the whole corpus (each rank takes ``corpus.shard(rank, world_size)``: views, so a
     memory-mapped corpus reads only that range), or this rank's shard from ``Corpus.shard``.
+    ``refine`` (a Corpus of the same documents, whole or this rank's shard, or True: the one stored
+    with the corpus): each rank keeps its shard's ``k * refine_factor`` candidates and rescores
+    them from its range of ``refine`` before the ranks merge, so the answer is the exact top-k of
+    the union of every shard's candidates (at least one process's candidates, often more).
     Other arguments as :meth:`Corpus.search`. Returns the same ``SearchResult`` on every rank.
     """
+    from maxsim.search.refine import refined_search
+
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -57,9 +62,12 @@ def distributed_search(corpus: Corpus, Q, k: int, q_mask=None, *, group=None, ba
     if squeeze:
         Q = Q[None]
         q_mask = None if q_mask is None else q_mask[None]
+    if isinstance(refine, Corpus) and refine.shard_info is None:
+        refine = refine.shard(rank, world)  # the same documents: the same token-balanced ranges
     if len(shard):
-        scores, indices = search_corpus(shard, Q, k, q_mask=q_mask, batch_size=batch_size, gpu_memory=gpu_memory,
-                                        progress=progress, device=device)
+        scores, indices = refined_search(shard, Q, k, q_mask=q_mask, refine=refine, refine_factor=refine_factor,
+                                         batch_size=batch_size, gpu_memory=gpu_memory, progress=progress,
+                                         device=device)
     else:
         n = len(Q) if isinstance(Q, (list, tuple)) else Q.shape[0]
         scores, indices = torch.empty(n, 0), torch.empty(n, 0, dtype=torch.int64)

@@ -46,6 +46,33 @@ def check_refine(corpus, refine, refine_factor) -> int:
     return refine_factor
 
 
+def refined_search(corpus, Q, k, *, q_mask=None, refine=None, refine_factor: int = 4, device=None, **search):
+    """``corpus``'s top-k ``(scores [Nq, k'], indices [Nq, k'])`` for ``Q`` (2-D: no query axis),
+    refined from ``refine`` (a Corpus of the same documents, True: the one stored with ``corpus``,
+    or None: not refined). ``search``: :func:`maxsim.search.stream.search_corpus`'s options."""
+    from maxsim.search.stream import choose_device, search_corpus
+    from maxsim.search.topk import packed_queries
+
+    if refine is None:
+        return search_corpus(corpus, Q, k, q_mask=q_mask, device=device, **search)
+    if refine is True:
+        refine = corpus.stored_refine()
+        if refine is None:
+            raise ValueError(f"maxsim: {corpus.name()} holds no refine tokens: build it with python -m maxsim "
+                             "index ... --refine float16 (a refine/ folder beside the codes), or pass "
+                             "refine=a Corpus of the same documents")
+        if corpus.shard_info is not None and refine.shard_info is None:  # a shard refines from its own range
+            refine = refine.shard(*corpus.shard_info[:2])
+    factor = check_refine(corpus, refine, refine_factor)
+    k = check_k(k)
+    scores, indices = search_corpus(corpus, Q, k * factor, q_mask=q_mask, device=device, **search)
+    squeeze = indices.dim() == 1
+    q, _, cu_q_host, _ = packed_queries(torch.from_numpy(Q) if isinstance(Q, np.ndarray) else Q, q_mask)
+    scores, indices = refine_candidates(refine, q, cu_q_host, indices[None] if squeeze else indices, k,
+                                        choose_device(corpus, Q, device))
+    return (scores[0], indices[0]) if squeeze else (scores, indices)
+
+
 def _same_ids(corpus, refine) -> bool:
     """Whether both corpora hold the same ids; remembered on ``refine`` for the same two id objects
     (a search would otherwise compare millions of ids a call)."""
