@@ -27,7 +27,11 @@ def _info() -> int:
         print(f"backend for CUDA tensors: {backend_for(torch.device('cuda'))}")
     else:
         print("GPU: none")
-    cpu = backend_for(torch.device("cpu"))
+    try:
+        cpu = backend_for(torch.device("cpu"))
+    except RuntimeError as err:  # a backend the environment cannot run: say so, as info's answer
+        print(f"backend for CPU tensors: none ({one_line(err)})")
+        return 0
     if cpu == "reference":  # the PyTorch side: maxsim.cpu's blocked GEMMs unless MAXSIM_BACKEND=reference
         cpu = pytorch_backend()
     print(f"backend for CPU tensors: {cpu}")

@@ -542,7 +542,7 @@ def test_cli_delete_and_compact(tmp_path, monkeypatch, capsys):
     (tmp_path / "unknown.txt").write_text("d3\nnot-there\n")
     assert _main(["delete", str(tmp_path / "c"), "--ids", str(tmp_path / "unknown.txt")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "'not-there'" in err and "missing='ignore'" in err
+    assert "\n" not in err and "'not-there'" in err and "--missing ignore" in err and "missing='ignore'" not in err
     assert _main(["delete", str(tmp_path / "c"), "--ids", str(tmp_path / "unknown.txt"),
                                "--missing", "ignore", "--quiet"]) == 0
     assert _main(["compact", str(tmp_path / "c")]) == 0

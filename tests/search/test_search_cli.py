@@ -153,7 +153,7 @@ def test_a_users_mistakes_are_one_line_naming_the_fix(tmp_path, capsys, monkeypa
     docs[4][0, 0] = float("nan")
     maxsim.Corpus.from_list(docs).save(tmp_path / "nan_corpus")
     assert main(["search", "--corpus", str(tmp_path / "nan_corpus"), "--queries", str(tmp_path / "q.pt"),
-                 "--out", str(tmp_path / "run.trec"), "--quiet", "--no-progress"]) == 1
+                 "--out", str(tmp_path / "run.trec"), "--quiet", "--no-progress"]) == 2
     assert "document 4 of the corpus scores NaN" in capsys.readouterr().err
     assert not (tmp_path / "run.trec").exists()
     monkeypatch.setenv("MAXSIM_DEBUG", "1")  # the traceback, for a bug report
@@ -197,3 +197,122 @@ def test_index_progress_counts_every_input_and_closes(tmp_path, monkeypatch):
     assert bar.total == bar.done == sum(sizes) and bar.closed
     assert any("d0.npy" in text for text in bar.postfixes) and any("d1.npy" in text for text in bar.postfixes)
     assert len(maxsim.Corpus.load(tmp_path / "c")) == 8
+
+
+def _small_corpus(tmp_path, dtype=torch.float32, n=20):
+    docs = [torch.randint(-3, 4, (int(L), 8)).to(dtype) for L in torch.randint(1, 6, (n,))]
+    maxsim.Corpus.from_list(docs, ids=[f"d{j}" for j in range(n)]).save(tmp_path / "c")
+    queries = [torch.randint(-3, 4, (3, 8)).float() for _ in range(4)]
+    torch.save({"embeddings": queries}, tmp_path / "q.pt")
+    return docs, queries
+
+
+def test_out_writes_through_links_fifos_and_devices(tmp_path):
+    import os
+    import threading
+
+    from maxsim.cli import main
+
+    _small_corpus(tmp_path)
+    search = ["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "q.pt"), "-k", "3",
+              "--quiet", "--no-progress", "--out"]
+    assert main(search + [str(tmp_path / "run.trec")]) == 0  # a new regular file
+    lines = (tmp_path / "run.trec").read_text().splitlines()
+    assert len(lines) == 12 and not list(tmp_path.glob("*.tmp"))
+    (tmp_path / "target.trec").write_text("old\n")
+    os.symlink(tmp_path / "target.trec", tmp_path / "link.trec")
+    assert main(search + [str(tmp_path / "link.trec")]) == 0
+    assert (tmp_path / "link.trec").is_symlink()  # the link stays, its target holds the run
+    assert (tmp_path / "target.trec").read_text().splitlines() == lines
+    os.mkfifo(tmp_path / "fifo")
+    got = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "fifo").read_text()))
+    reader.start()
+    assert main(search + [str(tmp_path / "fifo")]) == 0
+    reader.join(30)
+    assert got and got[0].splitlines() == lines and not (tmp_path / "fifo.tmp").exists()
+    if os.access("/dev/null", os.W_OK):
+        assert main(search + ["/dev/null"]) == 0
+        assert not os.path.isfile("/dev/null")  # still the device, not a file renamed over it
+
+
+def test_empty_and_unreadable_inputs_are_one_line(tmp_path, capsys):
+    from maxsim.cli import main
+
+    _small_corpus(tmp_path)
+    for name in ("empty.npy", "empty.pt"):
+        (tmp_path / name).write_bytes(b"")
+        for argv in (["index", "--out", str(tmp_path / "new"), str(tmp_path / name), "--lengths",
+                      str(tmp_path / "empty.npy")],
+                     ["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / name), "--out", "-"]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.strip()
+            assert "\n" not in err and "is empty (0 bytes)" in err, err
+    (tmp_path / "text.pt").write_text("not a tensor file")
+    assert main(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "text.pt"), "--out", "-"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "could not be read as a .pt file" in err
+    np.save(tmp_path / "none.npy", np.zeros((0, 32, 8), dtype=np.float32))
+    assert main(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "none.npy"), "--out", "-"]) == 2
+    assert "holds no queries (shape [0, 8])" in capsys.readouterr().err
+
+
+def test_a_float_corpus_takes_queries_of_any_float_dtype(tmp_path, capsys):
+    from maxsim.cli import main
+
+    docs, queries = _small_corpus(tmp_path, dtype=torch.float16)
+    assert main(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "q.pt"), "-k", "5",
+                 "--out", str(tmp_path / "run.jsonl"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("float32 queries scored as the corpus's float16") == 1
+    rows = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    values, order = sorted_topk(maxsim.maxsim_varlen([q.half() for q in queries], docs), 5)
+    assert [r["docids"] for r in rows] == [[f"d{j}" for j in row] for row in order.tolist()]
+
+
+def test_search_summary_counts_the_live_documents(tmp_path, capsys):
+    from maxsim.cli import main
+
+    _small_corpus(tmp_path, n=20)
+    (tmp_path / "gone.txt").write_text("d1\nd2\nd3\n")
+    assert main(["delete", str(tmp_path / "c"), "--ids", str(tmp_path / "gone.txt"), "--quiet"]) == 0
+    assert main(["search", "--corpus", str(tmp_path / "c"), "--queries", str(tmp_path / "q.pt"), "-k", "3",
+                 "--out", str(tmp_path / "run.trec"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "4 queries x 17 documents" in err and "3 deleted ones left out" in err, err
+
+
+def test_broken_pipe_and_info_under_any_backend(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    _small_corpus(tmp_path, n=30)
+    many = [torch.randint(-3, 4, (3, 8)).float() for _ in range(400)]
+    torch.save({"embeddings": many}, tmp_path / "many.pt")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-m", "maxsim", "search", "--corpus", str(tmp_path / "c"), "--queries",
+                             str(tmp_path / "many.pt"), "-k", "30", "--out", "-", "--no-progress", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.readline()  # `| head -1`: the reader leaves after one line
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 0, err
+    assert first.startswith(b"0 Q0 d") and "Broken pipe" not in err and "Traceback" not in err
+    env = {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
+    env["MAXSIM_BACKEND"] = "triton"  # a backend this CPU cannot run without the interpreter
+    out = subprocess.run([sys.executable, "-m", "maxsim", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "backend for CPU tensors: none (MAXSIM_BACKEND=triton with tensors on cpu needs TRITON_INTERPRET=1" in out.stdout
+
+
+def test_help_lists_every_encoding():
+    import argparse
+
+    from maxsim.search.cli import add_index_parser
+
+    parser = argparse.ArgumentParser(prog="maxsim")
+    add_index_parser(parser.add_subparsers())
+    text = parser._subparsers._group_actions[0].choices["index"].format_help()
+    for name in ("float16", "bfloat16", "float32", "int8", "fp8", "residual2", "residual4", "pq<m>"):
+        assert name in text, name

@@ -170,8 +170,15 @@ def test_mismatched_queries_name_the_corpus(tmp_path):
     corpus = Corpus.load(tmp_path / "c")
     with pytest.raises(ValueError, match=f"d=4 but the corpus {tmp_path / 'c'} has d=8"):
         corpus.search(torch.randn(2, 3, 4), 3)
-    with pytest.raises(TypeError, match=f"float16 but the corpus {tmp_path / 'c'} holds torch.float32"):
-        corpus.search(torch.randn(2, 3, 8).half(), 3)
+    from maxsim.search.stream import QueryDtypeWarning
+
+    Q = torch.randn(2, 3, 8)
+    with pytest.warns(QueryDtypeWarning, match=f"float16 queries converted to the float32 of the corpus {tmp_path / 'c'}"):
+        got = corpus.search(Q.half(), 3)
+    want = corpus.search(Q.half().float(), 3)  # the same values, in the corpus's dtype
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)
+    with pytest.raises(TypeError, match="float64 but the corpus .* pass float16, bfloat16 or float32"):
+        corpus.search(Q.double(), 3)
     with pytest.raises(ValueError, match="k must be at least 1"):
         corpus.search(torch.randn(2, 3, 8), 0)
     with pytest.raises(FileExistsError):

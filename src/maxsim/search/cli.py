@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -84,14 +85,14 @@ def load_embeddings(path, lengths_path=None, lengths_option: str = "--lengths"):
     if not path.is_file():
         raise FileNotFoundError(f"maxsim: embedding file {path} does not exist")
     suffix = path.suffix.lower()
-    lengths = None if lengths_path is None else np.load(lengths_path).astype(np.int64).reshape(-1)
+    lengths = None if lengths_path is None else _read(lengths_path, np.load).astype(np.int64).reshape(-1)
     ids = None
     if suffix == ".npy":
-        array = np.load(path, mmap_mode="c")
+        array = _read(path, lambda p: np.load(p, mmap_mode="c"))
         tensor = torch.from_numpy(np.ascontiguousarray(array))
         packed, lengths = _from_array(path, tensor, lengths, lengths_option)
     elif suffix in (".pt", ".pth"):
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = _read(path, lambda p: torch.load(p, map_location="cpu", weights_only=True))
         if isinstance(obj, dict):
             ids = _as_ids(obj.get("ids"))
             if "lengths" in obj and lengths is None:
@@ -117,7 +118,7 @@ def load_embeddings(path, lengths_path=None, lengths_option: str = "--lengths"):
         except ImportError:
             raise ImportError("maxsim: reading .safetensors needs the optional package safetensors "
                               "(pip install safetensors)") from None
-        tensors = load_file(str(path))
+        tensors = _read(path, lambda p: load_file(str(p)))
         if "embeddings" in tensors:
             if lengths is None and "lengths" not in tensors:
                 raise ValueError(f"maxsim: {path} has 'embeddings' but no 'lengths' (give {lengths_option})")
@@ -134,6 +135,21 @@ def load_embeddings(path, lengths_path=None, lengths_option: str = "--lengths"):
     else:
         raise ValueError(f"maxsim: unknown embedding file type {path.suffix!r} ({path}): use .npy, .pt or .safetensors")
     return packed, lengths, ids
+
+
+def _read(path, loader):
+    """``loader(path)``, with an empty or unreadable file as one ValueError that names it."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise ValueError(f"maxsim: {path} is empty (0 bytes): write the array again")
+    try:
+        return loader(path)
+    except Exception as err:  # a file that does not parse (truncated, another format): the user's to fix
+        if isinstance(err, MemoryError) or (isinstance(err, OSError) and not path.is_file()):
+            raise
+        first = " ".join(str(err).split())[:160] or type(err).__name__
+        raise ValueError(f"maxsim: {path} could not be read as a {path.suffix or 'numpy'} file ({first}): "
+                         "write it again with numpy.save, torch.save or safetensors") from err
 
 
 def _from_array(path, tensor: torch.Tensor, lengths, lengths_option: str = "--lengths"):
@@ -208,7 +224,9 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lengths", action="append", help="lengths .npy for a .npy/.safetensors input (once per input)")
     p.add_argument("--ids", action="append", help="text file of ids, one per line (once per input)")
     stored = p.add_mutually_exclusive_group()
-    stored.add_argument("--encoding", choices=ENCODING_CHOICES, metavar="{" + ",".join(corpus_format.ENCODINGS) + "}",
+    stored.add_argument("--encoding", choices=ENCODING_CHOICES,
+                        metavar="{" + ",".join(corpus_format.FLOAT_ENCODINGS + tuple(corpus_format.QUANTIZED_ENCODINGS)
+                                               + tuple(corpus_format.RESIDUAL_ENCODINGS)) + ",pq<m>}",
                         help="store the tokens as this: a float dtype; int8 / fp8 (e4m3) values with an fp32 "
                              "scale per token, d + 4 bytes a token; residual2 / residual4, PLAID residual codes "
                              "(a centroid id and 2 or 4 bits a dimension, d * nbits / 8 + 4 bytes a token; d a "
@@ -409,6 +427,25 @@ def write_run(out, query_ids, result, tag: str, fmt: str) -> None:
                 out.write(f"{qid} Q0 {doc} {rank} {score:.6f} {tag}\n")
 
 
+def write_output(path, write) -> None:
+    """``write(file)`` to ``path``: a regular file (or a new one) is written beside it and renamed
+    over it, so a reader never sees half a run; a symlink's target is treated the same (the link
+    stays); a FIFO, a device or anything else that is not a regular file is written through."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():  # /dev/null, a FIFO, a terminal: write through
+        with open(target, "w", encoding="utf-8") as f:
+            write(f)
+        return
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            write(f)
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _index_search(path, queries, k: int, device):
     """PLAID search of padded queries against the index at ``path`` -> (result, words)."""
     import maxsim
@@ -442,6 +479,9 @@ def run_search(args) -> int:
         print(f"maxsim search: {args.queries} holds {str(packed.dtype).replace('torch.', '')} queries: save them as "
               "float32, float16 or bfloat16", file=sys.stderr)
         return 2
+    if lengths.size == 0:
+        print(f"maxsim search: {args.queries} holds no queries (shape {list(packed.shape)})", file=sys.stderr)
+        return 2
     _check_finite(packed, lengths, args.queries, "query")
     if args.query_ids:
         query_ids = _read_ids(args.query_ids)
@@ -452,6 +492,11 @@ def run_search(args) -> int:
     if len(query_ids) != lengths.size:
         print(f"maxsim search: {len(query_ids)} query ids for {lengths.size} queries", file=sys.stderr)
         return 2
+    if args.corpus and not (corpus.is_quantized or corpus.is_compressed) and packed.dtype != corpus.dtype:
+        if not args.quiet:  # (an encoder's fp32 output against an fp16 corpus)
+            print(f"maxsim search: {str(packed.dtype).replace('torch.', '')} queries scored as the corpus's "
+                  f"{str(corpus.dtype).replace('torch.', '')}", file=sys.stderr)
+        packed = packed.to(corpus.dtype)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     queries = [packed[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
@@ -462,7 +507,8 @@ def run_search(args) -> int:
             result = corpus.search(queries, args.k, batch_size=args.batch_size, gpu_memory=args.gpu_memory,
                                    progress=False if args.no_progress else None, device=device, refine=refine,
                                    refine_factor=args.refine_factor)
-            described = f"{len(corpus)} documents ({corpus.num_tokens} tokens, {corpus.where()})"
+            deleted = f", {corpus.num_deleted} deleted ones left out" if corpus.num_deleted else ""
+            described = f"{corpus.num_live} documents ({corpus.num_tokens} tokens{deleted}, {corpus.where()})"
             if refine is not None:
                 source = corpus.stored_refine() if refine is True else refine
                 described += f", refined from {source.encoding} x{args.refine_factor}"
@@ -474,15 +520,17 @@ def run_search(args) -> int:
         first = result.indices[nan_rows[0]][torch.isnan(result.scores[nan_rows[0]])][0]
         print(f"maxsim search: document {int(first)} of the corpus scores NaN (a NaN or infinite token): rebuild "
               f"the corpus from finite embeddings; nothing written", file=sys.stderr)
-        return 1
+        return 2
     fmt = args.format or ("jsonl" if str(args.out).endswith((".jsonl", ".json")) else "trec")
     if args.out == "-":
-        write_run(sys.stdout, query_ids, result, args.tag, fmt)
+        try:
+            write_run(sys.stdout, query_ids, result, args.tag, fmt)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader stopped early (`| head`): not an error of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return 0
     else:
-        tmp = Path(str(args.out) + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            write_run(f, query_ids, result, args.tag, fmt)
-        tmp.replace(args.out)
+        write_output(args.out, lambda f: write_run(f, query_ids, result, args.tag, fmt))
     seconds = time.perf_counter() - start
     if not args.quiet:
         print(f"maxsim search: {len(queries)} queries x {described} on {device}, k={args.k}: {seconds:.2f} s, "
@@ -540,7 +588,10 @@ def run_delete(args) -> int:
 
     corpus = Corpus.load(args.corpus, mmap=True, verify=False)  # no token is read or rewritten
     ids = _ids_for(corpus, args.ids)
-    count = corpus.delete(ids, missing=args.missing)
+    try:
+        count = corpus.delete(ids, missing=args.missing)
+    except ValueError as err:  # the library names its argument; the command its option
+        raise ValueError(str(err).replace("missing='ignore'", "--missing ignore")) from None
     if count:
         corpus.save(args.corpus, overwrite=True)
         refine = corpus.stored_refine()

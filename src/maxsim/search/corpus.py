@@ -1052,9 +1052,10 @@ class Corpus:
 
         Args:
             Q: queries ``[Nq, Lq, d]`` (with ``q_mask``), ``[Lq, d]``, or a list of ``[L_i, d]``;
-                the corpus's d and dtype (an int8 / fp8 / residual / PQ corpus: float16, bfloat16
-                or float32, its tokens scored as ``maxsim_quantized_varlen``,
-                ``maxsim_residual_varlen`` or ``maxsim_pq_varlen`` score them).
+                the corpus's d; float16, bfloat16 or float32. A float corpus converts other float
+                queries to its dtype (a ``QueryDtypeWarning``); an int8 / fp8 / residual / PQ corpus
+                takes them as they are, its tokens scored as ``maxsim_quantized_varlen``,
+                ``maxsim_residual_varlen`` or ``maxsim_pq_varlen`` score them.
             batch_size: queries scored together against each resident chunk (default: as many as
                 the memory budget allows; all of them when it can).
             gpu_memory: bytes the search may use on the device: chunk buffers, scores, top-k state

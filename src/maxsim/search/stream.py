@@ -31,6 +31,7 @@ min(k, candidates) columns. Exact, and per chunk only two small device ops (no h
 from __future__ import annotations
 
 import math
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,6 +44,10 @@ from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningT
                                 chunk_offsets, packed_queries, score_packed_chunk, score_quantized_chunk)
 
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class QueryDtypeWarning(UserWarning):
+    """Queries of another float dtype than a float corpus's were converted to its dtype."""
 
 # Share of the budget for the two chunk buffers (the rest: scores, top-k state, kernel scratch).
 _BUFFER_SHARE = 0.5
@@ -148,7 +153,13 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} of {corpus.encoding} tokens takes "
                         "float16, bfloat16 or float32 queries")
     if not (quantized or compressed) and q.dtype != corpus.dtype:
-        raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} holds {corpus.dtype}")
+        if q.dtype not in _QUERY_DTYPES:
+            raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} holds {corpus.dtype}: pass "
+                            "float16, bfloat16 or float32 queries")
+        # an encoder's fp32 output against an fp16 corpus: scored in the corpus's dtype, said once a place
+        warnings.warn(f"maxsim: {str(q.dtype).replace('torch.', '')} queries converted to the "
+                      f"{str(corpus.dtype).replace('torch.', '')} of {corpus.name()}", QueryDtypeWarning, stacklevel=3)
+        q = q.to(corpus.dtype)
     if q.shape[1] != corpus.dim:
         raise ValueError(f"maxsim: the queries have d={q.shape[1]} but {corpus.name()} has d={corpus.dim}")
     if corpus.base_index + len(corpus) >= MAX_DOCUMENTS:
