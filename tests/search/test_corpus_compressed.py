@@ -534,6 +534,6 @@ def test_cli_encoding_names(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_command(["index", "--help"])
     text = capsys.readouterr().out
-    assert "residual2,residual4,pq32" in text and "--encoding residual2" in text
+    assert "residual2,residual4,residual8,pq<m>" in text and "--encoding residual2" in text
     assert run_command(args + ["--encoding", "int8", "--num-centroids", "4"]) == 2
     assert "--num-centroids is for" in capsys.readouterr().err

@@ -169,6 +169,7 @@ def test_index_progress_counts_every_input_and_closes(tmp_path, monkeypatch):
     class Recorder:
         def __init__(self, progress, total, description, unit):
             self.total, self.done, self.postfixes, self.closed = total, 0, [], False
+            self.desc, self.descriptions, self.messages = description, [], []
             bars.append(self)
 
         def update(self, n):
@@ -176,6 +177,13 @@ def test_index_progress_counts_every_input_and_closes(tmp_path, monkeypatch):
 
         def set_postfix_str(self, text, refresh=True):
             self.postfixes.append(text)
+
+        def set_description_str(self, text, refresh=True):
+            self.desc = text
+            self.descriptions.append(text)
+
+        def write(self, text, file=None):  # tqdm.write: a message above the bar, never over it
+            self.messages.append(text)
 
         def close(self):
             self.closed = True
@@ -197,6 +205,13 @@ def test_index_progress_counts_every_input_and_closes(tmp_path, monkeypatch):
     assert bar.total == bar.done == sum(sizes) and bar.closed
     assert any("d0.npy" in text for text in bar.postfixes) and any("d1.npy" in text for text in bar.postfixes)
     assert len(maxsim.Corpus.load(tmp_path / "c")) == 8
+    assert len(bar.messages) == 1 and "8 documents" in bar.messages[0]  # the summary, through the bar
+    # a residual codec's training: said through the bar, and named on it while it runs
+    bars.clear()
+    assert main(argv[:2] + [str(tmp_path / "r")] + argv[3:] + ["--encoding", "residual2", "--num-centroids", "4"]) == 0
+    (bar,) = bars
+    assert any("training a residual2 codec" in m for m in bar.messages)
+    assert bar.descriptions[0] == "maxsim index: training the residual2 codec" and bar.desc == "maxsim index"
 
 
 def _small_corpus(tmp_path, dtype=torch.float32, n=20):

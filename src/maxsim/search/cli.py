@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maxsim._progress import progress_bar
+from maxsim._progress import progress_bar, say, stage
 from maxsim.search import format as corpus_format
 
 INDEX_EXAMPLE = """example:
@@ -251,14 +251,16 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _train_codec(args, encoding: str, packed: torch.Tensor, device: torch.device):
-    """The codec of a new residual / PQ corpus, trained on ``packed`` (one input's tokens) on ``device``."""
+def _train_codec(args, encoding: str, packed: torch.Tensor, device: torch.device, bar=None):
+    """The codec of a new residual / PQ corpus, trained on ``packed`` (one input's tokens) on
+    ``device``; ``bar`` (the index's bar) names the step while it runs."""
     from maxsim.search.corpus import train_codec
 
     if not args.quiet:
-        print(f"maxsim index: training a {encoding} codec on {packed.shape[0]} tokens on {device} ...", file=sys.stderr)
-    return train_codec(packed.to(device), encoding, num_centroids=args.num_centroids,
-                       progress=False if args.quiet else None)
+        say(bar, f"maxsim index: training a {encoding} codec on {packed.shape[0]} tokens on {device} ...")
+    with stage(bar, f"maxsim index: training the {encoding} codec"):
+        return train_codec(packed.to(device), encoding, num_centroids=args.num_centroids,
+                           progress=False if args.quiet else None)
 
 
 def run_index(args) -> int:
@@ -334,8 +336,8 @@ def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed
             bar.set_postfix_str(f"{Path(path).name}: loading", refresh=True)
         packed, lengths, ids = load_embeddings(path, (args.lengths or [None] * len(args.inputs))[n])
         if encoding is None and packed.dtype not in _DTYPES.values():
-            print(f"maxsim index: {path} holds {str(packed.dtype).replace('torch.', '')} embeddings: store them "
-                  "with --dtype float32 (or float16, bfloat16, or an --encoding)", file=sys.stderr)
+            say(bar, f"maxsim index: {path} holds {str(packed.dtype).replace('torch.', '')} embeddings: store them "
+                  "with --dtype float32 (or float16, bfloat16, or an --encoding)")
             return 2
         if packed.is_floating_point():
             _check_finite(packed, lengths, path, "item")
@@ -354,7 +356,7 @@ def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed
                                 refresh=True)
         if compressed:
             if codec is None:
-                codec = _train_codec(args, encoding, packed, device)
+                codec = _train_codec(args, encoding, packed, device, bar)
             # encoded on --device; save copies the codes to the host
             corpus = Corpus(packed.to(device), offsets, ids, codec=codec)
             codec = corpus.codec  # (on the device: the next input encodes there too)
@@ -373,8 +375,8 @@ def _index_inputs(args, bar, sizes, start, existing, encoding, codec, compressed
             bar.update(sizes[n])
     seconds = time.perf_counter() - start
     if not args.quiet:
-        print(f"maxsim index: {documents} documents, {tokens} tokens -> {args.out} in {seconds:.2f} s "
-              f"({documents / max(seconds, 1e-9):.0f} documents/s)", file=sys.stderr)
+        say(bar, f"maxsim index: {documents} documents, {tokens} tokens -> {args.out} in {seconds:.2f} s "
+              f"({documents / max(seconds, 1e-9):.0f} documents/s)")
     return 0
 
 
