@@ -48,6 +48,7 @@ def add_info_parser(subparsers) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from maxsim.bench.cli import add_bench_parser
     from maxsim.search.cli import add_compact_parser, add_delete_parser, add_index_parser, add_search_parser
+    from maxsim.serve.cli import add_serve_parser
 
     parser = argparse.ArgumentParser(
         prog="python -m maxsim",
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(subparsers)
     add_delete_parser(subparsers)
     add_compact_parser(subparsers)
+    add_serve_parser(subparsers)
     add_info_parser(subparsers)
     return parser
 

@@ -1,0 +1,52 @@
+"""``python -m maxsim serve CORPUS``: the search server (maxsim.serve) on uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def add_serve_parser(subparsers):
+    p = subparsers.add_parser(
+        "serve", help="serve a corpus over HTTP: batched search, durable appends and deletes",
+        description="Serve the corpus folder CORPUS over HTTP (FastAPI + uvicorn: pip install \"maxsim[serve]\"): "
+                    "POST /search, POST and DELETE /documents, GET /health and /stats (docs/serve.md). "
+                    "Concurrent searches are batched into one kernel call; writes are committed to the "
+                    "folder before they are acknowledged.")
+    p.add_argument("corpus", help="corpus folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="key that writes must send (Authorization: Bearer KEY or X-API-Key: KEY); default: the "
+                        "environment's MAXSIM_API_KEY, else none")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: CUDA when available)")
+    p.add_argument("--load", choices=["device", "mmap", "host"], default="device",
+                   help="the corpus resident on the device (default), memory-mapped or in host memory")
+    p.add_argument("--max-batch", type=int, default=32, help="queries searched together at most (default 32)")
+    p.add_argument("--max-wait-ms", type=float, default=0.5,
+                   help="how long a search waits for more requests to join its batch (default 0.5 ms)")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (default 64 MB): 413 beyond")
+    p.set_defaults(run=run_serve)
+    return p
+
+
+def run_serve(args) -> int:
+    try:
+        import uvicorn
+    except ImportError:
+        raise ImportError('maxsim: the server needs FastAPI and uvicorn: pip install "maxsim[serve]"') from None
+    from maxsim.serve import Service, create_app
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"maxsim: --port must be in 1..65535; got {args.port}")
+    if args.max_body_mb <= 0:
+        raise ValueError(f"maxsim: --max-body-mb must be positive; got {args.max_body_mb}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("MAXSIM_API_KEY") or None
+    service = Service(args.corpus, device=args.device, load=args.load, max_batch=args.max_batch,
+                      max_wait_s=args.max_wait_ms / 1e3)
+    app = create_app(service, api_key=api_key, max_body_bytes=int(args.max_body_mb * (1 << 20)))
+    print(f"maxsim serve: {service.corpus.num_live} documents ({service.corpus.encoding}, d {service.dim}) on "
+          f"{service.device}, http://{args.host}:{args.port}{'' if api_key else ' (writes need no key)'}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
