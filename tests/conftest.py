@@ -45,9 +45,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
-    # Fresh random inputs every run; a failing test prints its seed (see the hook below) so that
-    # the failure can be replayed with torch.manual_seed(seed).
-    seed = int.from_bytes(os.urandom(4), "little")
+    # Fresh random inputs every run; a failing test prints its seed (see the hook below), and
+    # MAXSIM_TEST_SEED=<seed> replays it (every test of the run gets that seed).
+    replay = os.environ.get("MAXSIM_TEST_SEED")
+    seed = int(replay) if replay else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     request.node.maxsim_seed = seed
     yield
@@ -59,4 +60,5 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     seed = getattr(item, "maxsim_seed", None)
     if report.failed and seed is not None:
-        report.sections.append(("random seed", f"torch.manual_seed({seed}) replays this test's inputs"))
+        report.sections.append(("random seed", f"MAXSIM_TEST_SEED={seed} (or torch.manual_seed({seed})) replays "
+                                               "this test's inputs"))
