@@ -57,3 +57,22 @@ def check_chunk_documents(chunk_documents) -> None:
         raise TypeError(f"maxsim: chunk_documents must be None or an int, got {type(chunk_documents).__name__}")
     if chunk_documents < 1:
         raise ValueError(f"maxsim: chunk_documents must be >= 1, got {chunk_documents}")
+
+
+def check_codec(codec) -> None:
+    """``codec`` is a :class:`maxsim.compressed.ResidualCodec`."""
+    from .codec import ResidualCodec
+
+    if not isinstance(codec, ResidualCodec):
+        raise TypeError(f"codec must be a maxsim.compressed.ResidualCodec, got {type(codec).__name__}")
+
+
+def decode_dtype(Q, decode_dtype):
+    """The dtype residual tokens are decoded into: ``decode_dtype`` (fp16 or fp32), else fp16 for
+    an fp16 Q and fp32 otherwise."""
+    if decode_dtype is None:
+        return torch.float16 if Q.dtype == torch.float16 else torch.float32
+    if decode_dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"decode_dtype must be torch.float16 or torch.float32 (bf16 decode loses "
+                         f"several times more precision), got {decode_dtype}")
+    return decode_dtype

@@ -24,8 +24,9 @@ from maxsim.selection import compressed as _select
 from maxsim.selection.common import device_of
 
 from . import specs as _specs
+from ._inputs import check_codec as _check_codec
 from ._inputs import check_cu_seqlens, check_q_mask, check_query
-from .codec import ResidualCodec
+from ._inputs import decode_dtype as _decode_dtype
 from .forward import residual_stream_forward
 
 # Scratch budget for the decoded documents of one chunk.
@@ -34,24 +35,6 @@ _DECODE_CHUNK_BYTES = 64 << 20
 _APPROX_CHUNK_BYTES = 64 << 20
 # colbert-ai's and fast-plaid's score for a query token that finds no document token.
 EMPTY_TOKEN_SCORE = -9999.0
-
-
-def _check_codec(codec):
-    if not isinstance(codec, ResidualCodec):
-        raise TypeError(f"codec must be a maxsim.compressed.ResidualCodec, got {type(codec).__name__}")
-
-
-
-
-def _decode_dtype(Q, decode_dtype):
-    if decode_dtype is None:
-        return torch.float16 if Q.dtype == torch.float16 else torch.float32
-    if decode_dtype not in (torch.float16, torch.float32):
-        raise ValueError(f"decode_dtype must be torch.float16 or torch.float32 (bf16 decode loses "
-                         f"several times more precision), got {decode_dtype}")
-    return decode_dtype
-
-
 
 
 def _check_call(Q, codes, residuals, codec, normalize, q_mask, codes_dim: int, codes_shape: str):

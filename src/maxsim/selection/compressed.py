@@ -105,7 +105,8 @@ def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=
     from maxsim._capability import dtype_name
     from maxsim._dispatch import backend_for, interpreting
     from maxsim.compressed._inputs import check_query
-    from maxsim.compressed.scoring import _check_codec, _decode_dtype
+    from maxsim.compressed._inputs import check_codec as _check_codec
+    from maxsim.compressed._inputs import decode_dtype as _decode_dtype
     from maxsim.selection import Explanation
     from maxsim.tuning import FAMILIES
 

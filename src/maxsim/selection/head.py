@@ -115,7 +115,7 @@ def explain_from_hidden(Q, H, W, b=None, q_mask=None, d_mask=None, *, normalize:
     :class:`maxsim.selection.Explanation`; print it."""
     from maxsim._capability import dtype_name
     from maxsim._dispatch import backend_for, interpreting
-    from maxsim.head.ops import check_head_inputs
+    from maxsim.head._inputs import check_head_inputs
     from maxsim.selection import Explanation
     from maxsim.tuning import FAMILIES
 
