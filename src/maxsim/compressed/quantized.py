@@ -23,12 +23,12 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-import maxsim as _maxsim
 from maxsim import _checks
 from maxsim._dispatch import backend_for
+from maxsim.dense.ops import maxsim as maxsim_dense
 from maxsim.selection import varlen as select_varlen
 from maxsim.selection.common import device_of
-from maxsim.varlen.ops import quantized_scores
+from maxsim.varlen.ops import maxsim_varlen, quantized_scores
 
 from ._inputs import (check_chunk_documents, check_cu_seqlens, check_mask, check_q_mask, check_query,
                       describe)
@@ -179,7 +179,7 @@ def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="
 
     def score_chunk(Q, chunk_values, chunk_scales, chunk_mask):
         D = dequantize_tokens(chunk_values.to(device), chunk_scales.to(device), dtype)  # [n, Ld, d]
-        return _maxsim.maxsim(Q.to(dtype), D, q_mask, chunk_mask, mask_mode=mask_mode, normalize=normalize)
+        return maxsim_dense(Q.to(dtype), D, q_mask, chunk_mask, mask_mode=mask_mode, normalize=normalize)
 
     if num_docs == 0:  # maxsim.maxsim's own empty result: [Nq, 0] or [0]
         return score_chunk(Q, values, scales, None if d_mask is None else d_mask.to(device))
@@ -291,7 +291,7 @@ def maxsim_quantized_varlen(Q, values, scales, cu_seqlens_d, *, q_mask=None, chu
                                     chunk_max, query_bytes)
         D = dequantize_tokens(chunk_values.to(device), chunk_scales.to(device), dtype)  # [n tokens, d]
         # both max lengths given: no host synchronisation inside (the offsets were checked above)
-        return _maxsim.maxsim_varlen(q_packed.to(dtype), D, cu_q, cu_chunk, max_seqlen_q=max_q,
+        return maxsim_varlen(q_packed.to(dtype), D, cu_q, cu_chunk, max_seqlen_q=max_q,
                                      max_seqlen_d=chunk_max)
 
     # scratch a token: its dequantised copy and fp32 products (none when the kernel reads the bytes)

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
-import maxsim as _maxsim
 from maxsim._dispatch import backend_for
+from maxsim.dense.ops import maxsim as maxsim_dense
 from maxsim.selection import compressed as _select
 from maxsim.selection.common import device_of
+from maxsim.varlen.ops import maxsim_varlen
 
 from . import specs as _specs
 from ._inputs import check_codec as _check_codec
@@ -87,7 +88,7 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
             d_mask = torch.arange(doc_len, device=device) < doc_lengths[start:stop, None]  # [n, Ld]
             chunk_codes = torch.where(d_mask, chunk_codes, torch.zeros_like(chunk_codes))  # padding may hold junk
         D = codec.decode(chunk_codes, residuals[start:stop].to(device), normalize=normalize, dtype=dtype)
-        scores.append(_maxsim.maxsim(Q_cast, D, q_mask, d_mask))
+        scores.append(maxsim_dense(Q_cast, D, q_mask, d_mask))
     out = torch.cat(scores, dim=1) if scores else torch.zeros(Q.shape[0], 0, device=device)
     return out[0] if single_query else out
 
@@ -155,7 +156,7 @@ def maxsim_residual_varlen(Q, codes, residuals, cu_seqlens_d, codec, *, max_seql
         D = codec.decode(codes[lo:hi].to(device), residuals[lo:hi].to(device), normalize=normalize, dtype=dtype)
         cu_chunk = (cu[start:stop + 1] - lo).to(device)
         chunk_max = int(lengths[start:stop].max())
-        chunk_scores = _maxsim.maxsim_varlen(q_packed, D, cu_q, cu_chunk, max_seqlen_q=query_len,
+        chunk_scores = maxsim_varlen(q_packed, D, cu_q, cu_chunk, max_seqlen_q=query_len,
                                              max_seqlen_d=chunk_max)
         scores.append(chunk_scores)
         start = stop

@@ -110,10 +110,10 @@ def maxsim_from_hidden(
     choice = select.forward_choice(Nq, Lq, d, p.H.shape[-1], p.Q.dtype, p.candidates, masked, normalize,
                                    needs_grad or return_argmax, device_of(p.Q)[1], select.forced_path())
     if choice.kernel is specs.PROJECT_THEN_SCORE:
-        import maxsim
+        from maxsim.dense.ops import maxsim as maxsim_dense
 
-        return maxsim.maxsim(Q, project(H, W, b, normalize), q_mask, d_mask, mask_mode=mask_mode,
-                             return_argmax=return_argmax, backward=backward)
+        return maxsim_dense(Q, project(H, W, b, normalize), q_mask, d_mask, mask_mode=mask_mode,
+                            return_argmax=return_argmax, backward=backward)
     if needs_grad:
         scores, argmax = _FusedHead.apply(p.Q, p.H, W, b, p.q_mask, p.d_mask, normalize, multiply, choice.config,
                                           backward == "lowmem")
@@ -149,13 +149,14 @@ def maxsim_from_hidden_varlen(q, h, W, b=None, cu_seqlens_q=None, cu_seqlens_d=N
     Returns:
         ``[Nq, Nd]`` fp32, differentiable in q, h (through a list's tensors too), W and b.
     """
-    import maxsim
+    from maxsim.varlen.ops import maxsim_varlen
+    from maxsim.varlen.packing import pack
 
     _checks.check_bool("normalize", normalize)
     if isinstance(h, (list, tuple)):
         if cu_seqlens_d is not None:
             raise ValueError("maxsim: pass either a list of hidden states or packed h with cu_seqlens_d, not both")
-        h, cu_seqlens_d, longest = maxsim.pack(h)
+        h, cu_seqlens_d, longest = pack(h)
         max_seqlen_d = longest if max_seqlen_d is None else max_seqlen_d
     if not isinstance(h, torch.Tensor) or h.dim() != 2:
         got = _checks.shape_str(h) if isinstance(h, torch.Tensor) else type(h).__name__
@@ -166,5 +167,5 @@ def maxsim_from_hidden_varlen(q, h, W, b=None, cu_seqlens_q=None, cu_seqlens_d=N
     # The padded entry's checks (dtypes, devices, W [d, d_model], b [d]) on one query and the packed h.
     check_head_inputs(q_first, h, W, b, None, None, "exclude")
     D = project(h, W, b, normalize)  # [Td, d]
-    return maxsim.maxsim_varlen(q, D, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
-                                backward=backward, validate=validate)
+    return maxsim_varlen(q, D, cu_seqlens_q, cu_seqlens_d, max_seqlen_q, max_seqlen_d,
+                         backward=backward, validate=validate)

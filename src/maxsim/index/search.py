@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-import maxsim as _maxsim
+from maxsim.varlen.ops import score_pairs_packed
 
 from ..compressed._inputs import check_q_mask
 from ..compressed.scoring import EMPTY_TOKEN_SCORE, maxsim_residual_varlen
@@ -185,7 +185,7 @@ def _exact_scores(index, q, cu_q, max_q, query, pids, decode_dtype):
         codes, residuals, cu_d = gather_documents(index, docs)
         decoded = codec.decode(codes.to(q.device), residuals.to(q.device), normalize=True, dtype=decode_dtype)
         max_d = int((cu_d[1:] - cu_d[:-1]).max())
-        out[start:stop] = _maxsim.score_pairs_packed(q, decoded, cu_q, cu_d.to(q.device), query[start:stop], local,
+        out[start:stop] = score_pairs_packed(q, decoded, cu_q, cu_d.to(q.device), query[start:stop], local,
                                                      max_seqlen_q=max_q, max_seqlen_d=max_d)
     return out
 

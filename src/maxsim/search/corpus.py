@@ -31,12 +31,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-import maxsim
 from maxsim.compressed.codec import ResidualCodec
 from maxsim.compressed.pq import ProductQuantizer
 from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
 from maxsim.search import changes
 from maxsim.search import format as corpus_format
+from maxsim.varlen.packing import pack, padded_to_packed
 
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 _DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
@@ -427,7 +427,7 @@ class Corpus:
         """A ragged list of ``[L_j, d]`` tensors or arrays (an empty list is an error: no d);
         ``encoding`` and ``codec`` as the class."""
         documents = [_as_tensor("documents", x) for x in documents]
-        packed, cu, _ = maxsim.pack(documents)
+        packed, cu, _ = pack(documents)
         return cls(packed, cu, ids, encoding=encoding, codec=codec)
 
     @classmethod
@@ -447,7 +447,7 @@ class Corpus:
                 if bool(((mask != 0) & (mask != 1)).any()):
                     raise ValueError("maxsim: d_mask must be bool or hold only 0 and 1")
                 mask = mask != 0
-        packed, cu, _ = maxsim.padded_to_packed(D, mask)
+        packed, cu, _ = padded_to_packed(D, mask)
         return cls(packed, cu, ids, encoding=encoding, codec=codec)
 
     @classmethod

@@ -37,11 +37,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-import maxsim
 from maxsim._progress import progress_bar
 from maxsim.compressed.quantized import prepare_queries
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
                                 chunk_offsets, packed_queries, score_packed_chunk, score_quantized_chunk)
+from maxsim.varlen.packing import packed_to_padded
 
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -273,7 +273,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
 def _padded_queries(q: torch.Tensor, cu: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A batch's packed queries ``q [t, d]`` (offsets ``cu``) -> ``(Q [n, longest, d], q_mask [n,
     longest] or None when every token is real)``: the residual and PQ scorers' form."""
-    Q, mask = maxsim.packed_to_padded(q, cu, longest)
+    Q, mask = packed_to_padded(q, cu, longest)
     return Q, (None if bool(mask.all()) else mask)
 
 

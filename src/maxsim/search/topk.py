@@ -21,8 +21,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-import maxsim
 from maxsim import _checks
+from maxsim.dense.ops import maxsim as maxsim_dense
+from maxsim.varlen.ops import maxsim_varlen, score_pairs_packed
+from maxsim.varlen.packing import pack, padded_to_packed
 
 # Index values fit in the low 32 bits of a key; 2**32 - 1 is reserved (it is the sentinel's).
 MAX_DOCUMENTS = 2**32 - 1
@@ -173,7 +175,7 @@ def packed_queries(Q, q_mask=None, cu_seqlens_q=None):
         if q_mask is not None or cu_seqlens_q is not None:
             raise ValueError("maxsim: a list of queries takes no q_mask or cu_seqlens_q")
         Q = [_as_tensor("Q", x) for x in Q]
-        q, cu, _ = maxsim.pack(Q)
+        q, cu, _ = pack(Q)
     else:
         Q = _as_tensor("Q", Q)
         if cu_seqlens_q is not None:
@@ -192,7 +194,7 @@ def packed_queries(Q, q_mask=None, cu_seqlens_q=None):
                 cu_host = np.arange(n + 1, dtype=np.int64) * length
                 return Q.reshape(n * length, Q.shape[2]), torch.from_numpy(cu_host).to(Q.device), cu_host, \
                     (length if n else 0)
-            q, cu, _ = maxsim.padded_to_packed(Q, mask)
+            q, cu, _ = padded_to_packed(Q, mask)
     cu_host = cu.cpu().numpy().astype(np.int64)
     _check_offsets("cu_seqlens_q", cu_host, q.shape[0])
     max_q = int(np.diff(cu_host).max()) if cu_host.size > 1 else 0
@@ -296,7 +298,7 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
         if isinstance(D, (list, tuple)):
             if cu_seqlens_d is not None:
                 raise ValueError("maxsim: pass either a list of documents or packed D with cu_seqlens_d, not both")
-            d, cu_d, _ = maxsim.pack([_as_tensor("D", x) for x in D])
+            d, cu_d, _ = pack([_as_tensor("D", x) for x in D])
         else:
             d = _as_tensor("D", D)
             if d.dim() != 2:
@@ -351,7 +353,7 @@ def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_do
 
         def score(start, stop):
             mask = None if d_mask is None else d_mask[start:stop]
-            return maxsim.maxsim(Q, D[start:stop], q_mask, mask, **options)  # [Nq, c]
+            return maxsim_dense(Q, D[start:stop], q_mask, mask, **options)  # [Nq, c]
 
         _chunked(running, Nd, _check_chunk(chunk), score)
         return running.result()
@@ -368,7 +370,7 @@ def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_do
         safe = cols.clamp_min(0)
         docs = D[safe]  # [Nq, c, Ld, d]
         mask = None if d_mask is None else d_mask[safe]
-        scores = maxsim.maxsim(Q, docs, q_mask, mask, **options)  # [Nq, c]
+        scores = maxsim_dense(Q, docs, q_mask, mask, **options)  # [Nq, c]
         running.update(scores, cols)
     return running.result()
 
@@ -421,7 +423,7 @@ def score_packed_chunk(q, cu_q, max_q, d, cu_d_host: np.ndarray, start: int, sto
     does no host work proportional to the documents."""
     t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
     chunk = d[t0 - token_base:t1 - token_base]  # [tokens, d] view
-    return maxsim.maxsim_varlen(q, chunk, cu_q, chunk_offsets(cu_d, start, stop, t0), max_q, max_d)  # [Nq, c]
+    return maxsim_varlen(q, chunk, cu_q, chunk_offsets(cu_d, start, stop, t0), max_q, max_d)  # [Nq, c]
 
 
 def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start: int, stop: int, token_base: int = 0,
@@ -459,7 +461,7 @@ def _score_subset_packed(running, q, cu_q, max_q, d, cu_d_host, subset, chunk_do
         if bool(valid.any()):
             pair_q = rows[:, None].expand_as(cols)[valid]
             pair_d = cols[valid]
-            scores[valid] = maxsim.score_pairs_packed(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d)
+            scores[valid] = score_pairs_packed(q, d, cu_q, cu_d, pair_q, pair_d, max_q, max_d)
         running.update(scores, cols)
 
 
