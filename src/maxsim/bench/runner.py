@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from maxsim.bench.cli import DESCRIPTION, EPILOG, add_arguments
+from maxsim.bench.options import DESCRIPTION, EPILOG, add_arguments
 from maxsim.bench.providers import REGISTRIES, Provider, get_providers, is_maxsim
 from maxsim.bench.shapes import (
     RAGGED_KINDS,
