@@ -33,7 +33,7 @@ def main():
     args = p.parse_args()
     from maxsim.search import refine as R
     from maxsim.search.corpus import Corpus, CorpusSegment
-    from maxsim.search.topk import packed_queries
+    from maxsim.varlen.queries import packed_queries
     from maxsim.varlen.ops import score_pairs_packed
 
     codec, codes, residuals, cu = make_case(2, args.docs)

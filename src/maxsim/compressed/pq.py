@@ -667,7 +667,7 @@ def _on_chip(Q, q_mask, codes, cu_seqlens_d, pq):
     """Scores [Nq, Nd] fp32 from the packed stream kernel's on-chip decode, or None where the
     look-up-table path scores (no Triton backend, a gradient, codes not uint8 on Q's device)."""
     from maxsim._dispatch import backend_for
-    from maxsim.search.topk import packed_queries  # (at call time: maxsim.search imports this package)
+    from maxsim.varlen.queries import packed_queries
     from maxsim.selection import varlen as select_varlen
     from maxsim.selection.common import device_of, precision_choice
     from maxsim.varlen.stream import stream_forward

@@ -199,7 +199,7 @@ def _packed_queries(Q, q_mask, dim):
     """Q in any accepted form -> (packed [Tq, d], cu_seqlens_q int64 [Nq + 1], max length, 1 query given
     as [Lq, d]?): the query checks of this family, then the search family's packing (masked query
     tokens dropped: under the exclude rule they add nothing)."""
-    from maxsim.search.topk import packed_queries  # (at call time: maxsim.search imports the package)
+    from maxsim.varlen.queries import packed_queries
 
     if isinstance(Q, (list, tuple)):
         if not Q:

@@ -173,7 +173,7 @@ def _check_flag(name, value):
 def _on_chip(Q, q_mask, codes, residuals, cu, codec, dtype, normalize):
     """Scores [Nq, Nd] from the stream kernel's on-chip decode, or None where the selection sends
     the call to the chunked path (a gradient, a call the kernel does not take)."""
-    from maxsim.search.topk import packed_queries  # (at call time: maxsim.search imports this package)
+    from maxsim.varlen.queries import packed_queries
 
     device = Q.device
     num_queries, query_len, dim = Q.shape

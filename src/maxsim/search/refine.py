@@ -51,7 +51,7 @@ def refined_search(corpus, Q, k, *, q_mask=None, refine=None, refine_factor: int
     refined from ``refine`` (a Corpus of the same documents, True: the one stored with ``corpus``,
     or None: not refined). ``search``: :func:`maxsim.search.stream.search_corpus`'s options."""
     from maxsim.search.stream import choose_device, search_corpus
-    from maxsim.search.topk import packed_queries
+    from maxsim.varlen.queries import packed_queries
 
     if refine is None:
         return search_corpus(corpus, Q, k, q_mask=q_mask, device=device, **search)

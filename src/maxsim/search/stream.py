@@ -40,8 +40,9 @@ import torch
 from maxsim._progress import progress_bar
 from maxsim.compressed.quantized import prepare_queries
 from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
-                                chunk_offsets, packed_queries, score_packed_chunk, score_quantized_chunk)
+                                chunk_offsets, score_packed_chunk, score_quantized_chunk)
 from maxsim.varlen.packing import packed_to_padded
+from maxsim.varlen.queries import packed_queries
 
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
