@@ -311,7 +311,7 @@ def write_new(directory, corpus, *, overwrite: bool) -> dict:
                 "id_type": "int" if isinstance(corpus.ids, np.ndarray) else "str", "num_documents": 0,
                 "num_tokens": 0, "segments": []}
     if corpus.is_compressed:
-        from maxsim.search.corpus import codec_tables
+        from maxsim.search.codecs import codec_tables
 
         manifest["codec"] = corpus_format._write_codec(directory, encoding, codec_tables(corpus.codec))
     return _write_segments(directory, corpus, manifest, reuse=False)

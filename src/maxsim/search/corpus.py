@@ -36,6 +36,7 @@ from maxsim.compressed.pq import ProductQuantizer
 from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
 from maxsim.search import changes
 from maxsim.search import format as corpus_format
+from maxsim.search.codecs import codec_from_tables, codec_tables
 from maxsim.varlen.packing import pack, padded_to_packed
 
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -242,32 +243,6 @@ def _encode(embeddings: torch.Tensor, encoding, codec=None):
                          "but cannot encode): encode with a codec that has them")
     codes, residuals = codec.encode(embeddings)
     return codes, None, residuals, codec
-
-
-def codec_tables(codec) -> dict:
-    """A codec's tables as the corpus file stores them (``{name: numpy array}``; format.py):
-    fp16 centroids stay fp16, every other table is fp32 (decoding gives the same tokens)."""
-    if isinstance(codec, ProductQuantizer):
-        return {"codebooks": codec.codebooks.detach().cpu().float().contiguous().numpy()}
-    centroids = codec.centroids.detach().cpu()
-    tables = {"centroids": (centroids if centroids.dtype == torch.float16 else centroids.float()).contiguous().numpy(),
-              "bucket_weights": codec.bucket_weights.detach().cpu().float().contiguous().numpy()}
-    if codec.bucket_cutoffs is not None:
-        tables["bucket_cutoffs"] = codec.bucket_cutoffs.detach().cpu().float().contiguous().numpy()
-    avg = codec.avg_residual
-    if avg is not None:
-        avg = avg.detach().cpu().float().numpy() if torch.is_tensor(avg) else np.asarray(avg)
-        tables["avg_residual"] = np.ascontiguousarray(avg, dtype=np.float32)
-    return tables
-
-
-def _codec_from_tables(encoding: str, tables: dict):
-    if "codebooks" in tables:
-        return ProductQuantizer(torch.from_numpy(tables["codebooks"]))
-    optional = {name: torch.from_numpy(tables[name]) if name in tables else None
-                for name in ("bucket_cutoffs", "avg_residual")}
-    return ResidualCodec(torch.from_numpy(tables["centroids"]), torch.from_numpy(tables["bucket_weights"]),
-                         corpus_format.RESIDUAL_ENCODINGS[encoding], **optional)
 
 
 def _same_codec(a, b) -> bool:
@@ -874,7 +849,7 @@ class Corpus:
         encoding = corpus_format.manifest_encoding(manifest)
         codec = None
         if corpus_format.is_compressed(encoding):
-            codec = _codec_from_tables(encoding, corpus_format.read_codec(path, manifest, verify=verify))
+            codec = codec_from_tables(encoding, corpus_format.read_codec(path, manifest, verify=verify))
             dtype = _CODE_DTYPES[manifest["dtype"]]
         else:
             dtype = _QUANTIZED[encoding][1] if encoding in _QUANTIZED else _TORCH_DTYPES[encoding]

@@ -23,10 +23,9 @@ MAX_REFINE_FACTOR = 1 << 16
 
 
 def check_refine(corpus, refine, refine_factor) -> int:
-    """The refine corpus checked against ``corpus``; returns the factor as an int."""
-    from maxsim.search.corpus import Corpus
-
-    if not isinstance(refine, Corpus):
+    """The refine corpus checked against ``corpus`` (a Corpus: ``refine`` must be one of its
+    class); returns the factor as an int."""
+    if not isinstance(refine, type(corpus)):
         raise TypeError(f"maxsim: refine must be a maxsim.Corpus of the same documents (float16, int8, ...); got "
                         f"{type(refine).__name__}")
     if isinstance(refine_factor, bool) or not isinstance(refine_factor, int) or not 1 <= refine_factor <= MAX_REFINE_FACTOR:
@@ -89,13 +88,12 @@ def _same_ids(corpus, refine) -> bool:
 def _take(t: torch.Tensor, rows: np.ndarray, device: torch.device) -> torch.Tensor:
     """Rows ``rows`` (int64) of a per-token tensor, on ``device``. From host memory to a GPU they
     are gathered into pinned memory (threads) and copied without a staging pass."""
-    from maxsim.search.corpus import _rows
-
-    if t.device.type != "cpu" or device.type != "cuda":
-        return _rows(t, rows).to(device)
     src = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # (index_select takes fp8 as bytes)
+    index = torch.from_numpy(rows)
+    if t.device.type != "cpu" or device.type != "cuda":
+        return torch.index_select(src, 0, index.to(src.device)).view(t.dtype).to(device)
     buf = torch.empty((rows.size,) + tuple(src.shape[1:]), dtype=src.dtype, pin_memory=True)
-    torch.index_select(src, 0, torch.from_numpy(rows), out=buf)
+    torch.index_select(src, 0, index, out=buf)
     return buf.to(device, non_blocking=True).view(t.dtype)
 
 
