@@ -1,4 +1,4 @@
-"""The fused residual MaxSim (maxsim.maxsim_residual_varlen) against fp16 maxsim.maxsim_varlen on the
+"""The fused residual MaxSim (maxsim.compressed.maxsim_residual_varlen) against fp16 maxsim.maxsim_varlen on the
 decoded corpus: one query (or ``--queries``) against 100K-1M documents from a 2-bit and a 4-bit index. Needs a GPU.
 
     python benchmarks/compressed_bench.py                          # 100K and 1M documents, 2 and 4 bits

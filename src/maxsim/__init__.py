@@ -4,8 +4,6 @@
 """
 
 from maxsim import compressed, index, reference
-from maxsim.compressed import (ResidualCodec, maxsim_pq, maxsim_pq_varlen, maxsim_quantized, maxsim_quantized_varlen,
-                               maxsim_residual, maxsim_residual_varlen, plaid_approx_score)
 from maxsim.chamfer import chamfer_distance
 from maxsim.dense.ops import maxsim
 from maxsim.head import maxsim_from_hidden, maxsim_from_hidden_varlen
@@ -36,14 +34,20 @@ __all__ = [
     "reference",
     "compressed",
     "index",
-    "ResidualCodec",
-    "maxsim_residual",
-    "maxsim_residual_varlen",
-    "plaid_approx_score",
-    "maxsim_quantized",
-    "maxsim_quantized_varlen",
-    "maxsim_pq",
-    "maxsim_pq_varlen",
     "warmup",
     "__version__",
 ]
+
+# The per-encoding scorers and codecs live in maxsim.compressed (a Corpus of any encoding searches
+# with Corpus.search); the old top-level names say where they went, in one line.
+_MOVED = {name: "maxsim.compressed" for name in (
+    "ResidualCodec", "ProductQuantizer", "maxsim_residual", "maxsim_residual_varlen", "plaid_approx_score",
+    "maxsim_quantized", "maxsim_quantized_varlen", "maxsim_pq", "maxsim_pq_varlen", "quantize_tokens",
+    "dequantize_tokens")}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise AttributeError(f"maxsim.{name} moved: from {_MOVED[name]} import {name} (or search a maxsim.Corpus "
+                             f"of that encoding)")
+    raise AttributeError(f"module 'maxsim' has no attribute {name!r}")

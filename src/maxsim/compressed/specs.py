@@ -1,4 +1,4 @@
-"""What each path of ``maxsim.maxsim_residual`` / ``maxsim_residual_varlen`` supports, declared as
+"""What each path of ``maxsim.compressed.maxsim_residual`` / ``maxsim_residual_varlen`` supports, declared as
 data (no kernel imports: :mod:`maxsim.selection.compressed` checks calls against these)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Selection for MaxSim on residual-compressed documents (``maxsim.maxsim_residual`` and
+"""Selection for MaxSim on residual-compressed documents (``maxsim.compressed.maxsim_residual`` and
 ``maxsim_residual_varlen``): the packed stream kernel's on-chip decode or the chunked PyTorch path,
 and the kernel's tile.
 
@@ -98,7 +98,7 @@ def _lookup(nq, lq, d, nbits, dtype, masked, normalize, needs_grad, family):
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
                      decode_dtype=None, requires_grad: bool = False, gpu: str | None = None,
                      quantize_query: bool = False):
-    """What ``maxsim.maxsim_residual[_varlen](Q, ..., codec, ...)`` runs for ``num_docs`` documents
+    """What ``maxsim.compressed.maxsim_residual[_varlen](Q, ..., codec, ...)`` runs for ``num_docs`` documents
     and why (``gpu``: as a GPU family would, e.g. ``"sm90"`` from any machine); with
     ``quantize_query=True``, what the look-up scorer runs (as ``maxsim.Corpus.search`` of a resident
     residual corpus does). Returns a :class:`maxsim.selection.Explanation`; print it."""
@@ -118,7 +118,7 @@ def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=
     check_query(Q, codec.dim, "the codec")
     dtype = _decode_dtype(Q, decode_dtype)
     Nq, Lq = (1, Q.shape[0]) if Q.dim() == 2 else Q.shape[:2]
-    header = (f"maxsim.maxsim_residual{'_varlen' if layout == 'packed' else ''}: Q {list(Q.shape)} "
+    header = (f"maxsim.compressed.maxsim_residual{'_varlen' if layout == 'packed' else ''}: Q {list(Q.shape)} "
               f"{dtype_name(Q.dtype)}, {num_docs} documents ({codec.nbits}-bit residuals, d {codec.dim}, "
               f"{codec.num_centroids} centroids), decode {dtype_name(dtype)}, normalize={normalize}, "
               f"q_mask {'yes' if q_mask is not None else 'no'}")
