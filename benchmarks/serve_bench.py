@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "serve"))
 
 
 def build(folder: str, docs: int, device, dtype) -> np.ndarray:
@@ -67,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     import maxsim
     from maxsim.client import Client
-    from serve.conftest import Server
+    from served import Server
 
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.float32

@@ -1,4 +1,5 @@
-"""A server process on a free port over a corpus folder, for the serve tests."""
+"""A server process on a free port over a corpus folder, for the serve tests and
+benchmarks/serve_bench.py (a helper module: the suite has one conftest, tests/conftest.py)."""
 
 import os
 import signal
@@ -6,11 +7,6 @@ import socket
 import subprocess
 import sys
 import time
-
-import pytest
-
-pytest.importorskip("fastapi", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
-pytest.importorskip("uvicorn", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 
 
 def free_port() -> int:
@@ -59,17 +55,3 @@ class Server:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-@pytest.fixture
-def serve():
-    started = []
-
-    def start(folder, *extra, api_key=None):
-        server = Server(folder, *extra, api_key=api_key)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
