@@ -309,8 +309,8 @@ def padded_offsets(cu: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
 def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.Tensor, *, group: int = 16,
                  chunk: int = 1 << 20) -> LutLayout:
     """The look-up layout of packed residual documents (codes ``[T]``, residuals ``[T, P]``,
-    ``cu [Nd + 1]``), on their device, ``chunk`` tokens at a time (each chunk's temporaries, its
-    buckets, shifted fields and fp32 decode, take 3-4 KB a token: 3-4 GB at 2**20)."""
+    ``cu [Nd + 1]``), on their device, ``chunk`` tokens at a time: the chunk bounds the build's
+    temporaries (its buckets, shifted fields and fp32 decode), whatever the corpus's size."""
     if codec.dim != LUT_DIM or codec.nbits not in (2, 4):
         raise ValueError(f"the look-up scorer takes d {LUT_DIM} and nbits 2 or 4, got d {codec.dim}, "
                          f"nbits {codec.nbits}")

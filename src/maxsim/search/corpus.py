@@ -307,8 +307,7 @@ def _join_ids(a, b, deleted_a=None, deleted_b=None, name: str = "the corpus"):
 
 
 def _rows(t: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
-    """Rows ``keep`` (bool ``[t]``, or int64 row numbers) of a per-token tensor, as a new tensor on
-    its device."""
+    """Rows ``keep`` (bool ``[t]``) of a per-token tensor, as a new tensor on its device."""
     mask = torch.from_numpy(keep).to(t.device)
     if t.dtype == torch.float8_e4m3fn:  # (indexing takes fp8 as its bytes)
         return t.view(torch.uint8)[mask].view(t.dtype)

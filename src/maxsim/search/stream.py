@@ -50,6 +50,7 @@ _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class QueryDtypeWarning(UserWarning):
     """Queries of another float dtype than a float corpus's were converted to its dtype."""
 
+
 # Share of the budget for the two chunk buffers (the rest: scores, top-k state, kernel scratch).
 _BUFFER_SHARE = 0.5
 _CPU_DEFAULT_BUDGET = 1 << 30
@@ -191,14 +192,15 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
             views = prepare_queries(q[t0:t1], cu_b, max_b, corpus.segments[0].embeddings.dtype)
             if views is None:
                 views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])]
-        if compressed:
-            views = _padded_queries(q[t0:t1], cu_b, max_b)
+        if compressed:  # (Q, q_mask, the look-up scorer's choice or None)
+            Q_b, mask_b = _padded_queries(q[t0:t1], cu_b, max_b)
+            choice = None
             if corpus.segments[0].residuals is not None and not streamed:
                 # a resident residual corpus: the look-up scorer on its layout where it runs
                 from maxsim.compressed.scoring import lookup_scorer
 
-                choice = lookup_scorer(views[0], views[1], codec)
-                views = views + ((choice if not isinstance(choice, str) else None),)
+                choice = lookup_scorer(Q_b, mask_b, codec)
+            views = (Q_b, mask_b, None if isinstance(choice, str) else choice)
         batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
 
     # The work: (segment, start, stop) chunks of every segment.
@@ -227,7 +229,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
                 segment.check_scales()
                 scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base,
                                                cu_d=segment.offsets_on(device), max_d=segment.longest)
-            elif compressed and len(views) == 3 and views[2] is not None and segment.embeddings.device == device:
+            elif compressed and views[2] is not None and segment.embeddings.device == device:
                 from maxsim.compressed.scoring import lookup_scores
 
                 layout = segment.lookup_layout(codec, device)

@@ -79,8 +79,6 @@ def _lookup(nq, lq, d, nbits, dtype, masked, normalize, needs_grad, family):
     rejected = []
     for spec, table in ((specs.LOOKUP_GLUON, T.LOOKUP_GLUON_SM90), (specs.LOOKUP_TRITON, T.LOOKUP_TRITON_SM90)):
         why = common or spec.unsupported(call)
-        if why is None and family == "interpreter" and spec is specs.LOOKUP_GLUON:
-            why = "runs on a Hopper GPU only, not in Triton's interpreter"
         if why is None and spec is specs.LOOKUP_GLUON and lq > 32:
             why = f"holds 32 query rows a query (N = 32 a query in the wgmma), not {lq}"
         if why is not None:

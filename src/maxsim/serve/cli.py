@@ -22,10 +22,10 @@ def add_serve_parser(subparsers):
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: CUDA when available)")
     p.add_argument("--load", choices=["device", "mmap", "host"], default="device",
                    help="the corpus resident on the device (default), memory-mapped or in host memory")
-    p.add_argument("--max-batch", type=int, default=32, help="queries searched together at most (default 32)")
+    p.add_argument("--max-batch", type=int, default=32, help="queries searched together at most (default %(default)s)")
     p.add_argument("--max-wait-ms", type=float, default=0.5,
-                   help="how long a search waits for more requests to join its batch (default 0.5 ms)")
-    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (default 64 MB): 413 beyond")
+                   help="milliseconds a search waits for more requests to join its batch (default %(default)s)")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MB (default %(default)s): 413 beyond")
     p.set_defaults(run=run_serve)
     return p
 

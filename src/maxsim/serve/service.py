@@ -58,8 +58,6 @@ class Service:
     """
 
     def __init__(self, path, *, device=None, load: str = "device", max_batch: int = 32, max_wait_s: float = 0.0005):
-        from maxsim.search import Corpus
-
         if load not in ("device", "mmap", "host"):
             raise ValueError(f"maxsim: load must be device, mmap or host; got {load!r}")
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -70,7 +68,6 @@ class Service:
         self.device = torch.device(device) if device is not None else \
             torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.load_mode, self.max_batch, self.max_wait_s = load, max_batch, float(max_wait_s)
-        self._Corpus = Corpus
         self.corpus = self._load()
         self.lock = threading.Lock()
         self._queue: asyncio.Queue | None = None
@@ -82,9 +79,10 @@ class Service:
     # -- the corpus -----------------------------------------------------------------------------
 
     def _load(self):
-        corpus = self._Corpus.load(self.path, mmap=self.load_mode != "host",
-                                   device=self.device if self.load_mode == "device" else None)
-        return corpus
+        from maxsim.search import Corpus
+
+        return Corpus.load(self.path, mmap=self.load_mode != "host",
+                           device=self.device if self.load_mode == "device" else None)
 
     @property
     def dim(self) -> int:
@@ -120,19 +118,7 @@ class Service:
             raise RequestError("queries must be a list of [Lq][d] arrays (or a base64 .npy in queries_npy)")
         if not items:
             raise RequestError("queries is empty: send at least one query")
-        out = []
-        for i, q in enumerate(items):
-            try:
-                a = np.asarray(q, dtype=np.float32)
-            except (TypeError, ValueError):
-                raise RequestError(f"query {i} is not a [Lq][d] array of numbers") from None
-            if a.ndim != 2 or a.shape[0] == 0:
-                raise RequestError(f"query {i} must be [Lq][d] with Lq >= 1; got shape {list(a.shape)}")
-            if a.shape[1] != self.dim:
-                raise RequestError(f"query {i} has d={a.shape[1]} but the corpus has d={self.dim}")
-            if not np.isfinite(a).all():
-                raise RequestError(f"query {i} holds a NaN or infinite value")
-            out.append(torch.from_numpy(np.ascontiguousarray(a)))
+        out = [self._tokens(q, f"query {i}") for i, q in enumerate(items)]
         return out
 
     @staticmethod
@@ -200,8 +186,6 @@ class Service:
         k = max(item.k for item in items)
         with self.lock:
             corpus = self.corpus
-            if corpus.dtype in (torch.float16, torch.bfloat16) and not (corpus.is_quantized or corpus.is_compressed):
-                queries = [q.to(corpus.dtype) for q in queries]
             result = corpus.search(queries, k, progress=False, device=self.device,
                                    subset=None if subset is None else list(subset))
         scores = result.scores.float().cpu()
@@ -235,18 +219,22 @@ class Service:
             raise RequestError("ids must be strings: this corpus's ids are strings")
         if len(set(ids)) != len(ids):
             raise RequestError("ids must be unique within a request")
-        docs = []
-        for i, d in enumerate(documents):
-            try:
-                a = np.asarray(d, dtype=np.float32)
-            except (TypeError, ValueError):
-                raise RequestError(f"document {i} is not a [L][d] array of numbers") from None
-            if a.ndim != 2 or a.shape[1] != self.dim:
-                raise RequestError(f"document {i} must be [L][{self.dim}]; got shape {list(a.shape)}")
-            if not np.isfinite(a).all():
-                raise RequestError(f"document {i} holds a NaN or infinite value")
-            docs.append(torch.from_numpy(np.ascontiguousarray(a)))
-        return ids, docs
+        return ids, [self._tokens(d, f"document {i}", empty_ok=True) for i, d in enumerate(documents)]
+
+    def _tokens(self, x, what: str, empty_ok: bool = False) -> torch.Tensor:
+        """One request's ``[L][d]`` array (a query, or a document, which may be empty) as a float32
+        tensor; a RequestError names ``what`` is wrong with it."""
+        try:
+            a = np.asarray(x, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise RequestError(f"{what} is not a [L][d] array of numbers") from None
+        if a.ndim != 2 or (a.shape[0] == 0 and not empty_ok):
+            raise RequestError(f"{what} must be [L][d] with L >= 1; got shape {list(a.shape)}")
+        if a.shape[1] != self.dim:
+            raise RequestError(f"{what} has d={a.shape[1]} but the corpus has d={self.dim}")
+        if not np.isfinite(a).all():
+            raise RequestError(f"{what} holds a NaN or infinite value")
+        return torch.from_numpy(np.ascontiguousarray(a))
 
     def append(self, ids: list, documents: list) -> int:
         """Append documents (checked by :meth:`check_documents`) and commit them to the folder;
