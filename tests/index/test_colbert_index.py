@@ -37,12 +37,12 @@ def test_search_top10_matches_colbert_searcher(colbert_built_index):
     index = maxsim.index.load(path)
     same = 0
     for Q, pids in answers:
-        _, ours = index.search(Q[0], k=10)
+        _, ours, _ = index.search(Q[0], k=10)
         same += ours.tolist() == pids
     assert same >= 0.95 * len(answers), f"{same} of {len(answers)} top-10 lists equal colbert-ai's"
     # batched queries give the same answers as one at a time
     Q_all = torch.cat([Q for Q, _ in answers[:4]])
-    scores, pids = index.search(Q_all, k=10)
+    scores, pids, _ = index.search(Q_all, k=10)
     assert scores.shape == (4, 10) and pids.dtype == torch.int64
     for i in range(4):
         assert torch.equal(pids[i], index.search(answers[i][0][0], k=10)[1])
@@ -53,7 +53,7 @@ def test_exact_scores_are_the_decoded_maxsim(colbert_built_index):
     path, answers = colbert_built_index
     index = maxsim.index.load(path)
     Q = answers[0][0][0]  # [32, 128]
-    scores, pids = index.search(Q, k=5)
+    scores, pids, _ = index.search(Q, k=5)
     decoded = index.codec.decode(index.codes, index.residuals, dtype=torch.float32)
     for score, pid in zip(scores.tolist(), pids.tolist()):
         doc = decoded[index.cu_seqlens[pid]:index.cu_seqlens[pid + 1]]
@@ -174,7 +174,7 @@ def test_search_with_all_cells_and_no_pruning_is_exhaustive(tmp_path, colbert_la
     _write_colbert_layout(str(tmp_path), 4, doc_lengths, chunk_sizes=[40])
     index = maxsim.index.load(tmp_path)
     Q = torch.nn.functional.normalize(torch.randn(3, 6, 64), dim=-1)
-    scores, pids = index.search(Q, k=7, ncells=index.codec.num_centroids, centroid_score_threshold=None,
+    scores, pids, _ = index.search(Q, k=7, ncells=index.codec.num_centroids, centroid_score_threshold=None,
                                 ndocs=4 * len(index))
     decoded = index.codec.decode(index.codes, index.residuals, dtype=torch.float32)
     for i in range(3):
@@ -192,7 +192,7 @@ def test_search_arguments(tmp_path, colbert_layout_or_skip):
     _write_colbert_layout(str(tmp_path), 2, [4, 5, 6], chunk_sizes=[3])
     index = maxsim.index.load(tmp_path)
     Q = torch.randn(5, 64)
-    scores, pids = index.search(Q, k=10, ncells=32, centroid_score_threshold=None)
+    scores, pids, _ = index.search(Q, k=10, ncells=32, centroid_score_threshold=None)
     assert scores.shape == (10,) and pids[3:].tolist() == [-1] * 7 and torch.isinf(scores[3:]).all()
     with pytest.raises(ValueError, match="k"):
         index.search(Q, k=0)

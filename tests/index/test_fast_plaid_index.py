@@ -110,8 +110,8 @@ def test_search_settings_by_name_and_exhaustive_equivalence(tmp_path):
     _write_fast_plaid(str(tmp_path), doc_lengths, [60], merged=True)
     index = maxsim.index.load(tmp_path)
     Q = torch.nn.functional.normalize(torch.randn(2, 5, 32), dim=-1)
-    scores, pids = index.search(Q, k=5, settings="fast-plaid")
-    exhaustive, _ = index.search(Q, k=5, ncells=24, centroid_score_threshold=None, ndocs=4 * 60,
+    scores, pids, _ = index.search(Q, k=5, settings="fast-plaid")
+    exhaustive, _, _ = index.search(Q, k=5, ncells=24, centroid_score_threshold=None, ndocs=4 * 60,
                                  decode_dtype=torch.float32)
     decoded = index.codec.decode(index.codes, index.residuals, dtype=torch.float16).float()
     for i in range(2):
@@ -120,6 +120,44 @@ def test_search_settings_by_name_and_exhaustive_equivalence(tmp_path):
         for score, pid in zip(scores[i].tolist(), pids[i].tolist()):
             assert brute[pid].item() == pytest.approx(score, abs=1e-3)
         torch.testing.assert_close(exhaustive[i], torch.sort(brute, descending=True).values[:5], atol=1e-2, rtol=0)
+
+
+def test_one_search_call_for_an_index_and_a_corpus(tmp_path):
+    # index.search takes Corpus.search's q_mask / subset / refine with the same meaning and returns
+    # the same SearchResult; with every cell probed and every document kept, subset and refine give
+    # the exact answers of the float corpus of the decoded tokens.
+    import inspect
+
+    from maxsim import Corpus
+
+    doc_lengths = torch.randint(1, 12, (50,)).tolist()
+    _write_fast_plaid(str(tmp_path), doc_lengths, [50], merged=True)
+    index = maxsim.index.load(tmp_path)
+    shared = ("q_mask", "subset", "refine", "refine_factor")
+    for name in shared:
+        assert inspect.signature(index.search).parameters[name].default == \
+            inspect.signature(Corpus.search).parameters[name].default
+    decoded = index.codec.decode(index.codes, index.residuals, normalize=True, dtype=torch.float32)
+    full = Corpus.from_packed(decoded, index.cu_seqlens)
+    Q = torch.nn.functional.normalize(torch.randn(3, 5, 32), dim=-1)
+    everything = dict(ncells=24, centroid_score_threshold=None, ndocs=4 * 50, decode_dtype=torch.float32)
+    subset = torch.randperm(50)[:12].tolist() + [77]  # an id the index does not hold matches nothing
+    got = index.search(Q, k=4, subset=subset, **everything)
+    want = full.search(Q, 4, subset=subset[:-1], device="cpu")
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.ids, got.indices)
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
+    refined = index.search(Q, k=4, refine=full, refine_factor=50, **everything)
+    exact = full.search(Q, 4, device="cpu")
+    assert torch.equal(refined.indices, exact.indices)
+    torch.testing.assert_close(refined.scores, exact.scores, rtol=1e-5, atol=1e-5)
+    one = index.search(Q[0], k=4, refine=full, **everything)  # 2-D query: no query axis
+    assert one.indices.shape == (4,) and torch.equal(one.indices, refined.indices[0])
+    with pytest.raises(ValueError, match="no refine tokens"):
+        index.search(Q, k=4, refine=True)
+    with pytest.raises(ValueError, match="same documents"):
+        index.search(Q, k=4, refine=Corpus.from_packed(decoded[:3], torch.tensor([0, 3])))
+    with pytest.raises(TypeError, match="passage ids"):
+        index.search(Q, k=4, subset=[0.5])
 
 
 def test_errors_name_the_file(tmp_path):
@@ -186,7 +224,7 @@ def test_search_command_reads_an_index(tmp_path):
                  "--out", str(tmp_path / "run.trec"), "--device", "cpu", "--quiet"]) == 0
     lines = (tmp_path / "run.trec").read_text().splitlines()
     Q, q_mask = maxsim.pad(queries)
-    scores, pids = index.search(Q, k=5, q_mask=q_mask)
+    scores, pids, _ = index.search(Q, k=5, q_mask=q_mask)
     want = [f"{qi} Q0 {int(p)} {rank} {float(s):.6f} maxsim" for qi in range(3)
             for rank, (p, s) in enumerate(zip(pids[qi], scores[qi]), 1)]
     assert lines == want
@@ -241,7 +279,7 @@ def test_batched_search_equals_each_query_searched_alone(tmp_path, settings, ext
     q_mask[:, 0] = True
     q_mask[3] = False
     k = 7
-    scores, pids = index.search(Q, k=k, q_mask=q_mask, settings=settings, decode_dtype=torch.float32, **extra)
+    scores, pids, _ = index.search(Q, k=k, q_mask=q_mask, settings=settings, decode_dtype=torch.float32, **extra)
     ncells, threshold, ndocs = resolve_settings(k, settings, extra.get("ncells"), "default", extra.get("ndocs"))
     for i in range(5):
         if not q_mask[i].any():

@@ -180,7 +180,7 @@ def _plaid_index_agrees(document_embeddings, query_embeddings, exhaustive, tmp_p
     theirs = plaid(query_embeddings, k=10)
     index = maxsim.index.load(tmp_path / "lee" / "fast_plaid_index", device="cuda")
     queries = torch.stack([torch.as_tensor(q) for q in query_embeddings]).cuda()  # [8, 32, d]: expanded queries
-    _, pids = index.search(queries, k=10)
+    _, pids, _ = index.search(queries, k=10)
     for q in range(len(query_embeddings)):
         best = int(pids[q, 0])
         assert best in (int(theirs[q][0]["id"]), exhaustive[q][0]["id"]), (q, best, theirs[q][:3])

@@ -105,6 +105,37 @@ def test_refine_from_one_byte_tokens(one_byte):
     torch.testing.assert_close(got.scores[0].cpu(), want[order], rtol=1e-5, atol=1e-5)
 
 
+def test_rerank_is_the_exact_top_k_of_given_candidates():
+    # Corpus.rerank: candidates from anywhere (padding -1, repeats, a deleted document), scored from
+    # the corpus's own tokens; a slot with no candidate has index -1 and id None.
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g, n=40)
+    ids = [f"d{i}" for i in range(40)]
+    full = Corpus.from_list([x.half() for x in docs], ids)
+    queries = [F.normalize(torch.randn(L, 32, generator=g), dim=-1) for L in (2, 6, 3)]
+    candidates = torch.randint(0, 40, (3, 7), generator=g)
+    candidates[0, 3:] = -1
+    candidates[1, 1] = candidates[1, 0]  # a repeat counts once
+    got = full.rerank(queries, candidates, 5, device=KERNEL_DEVICE)
+    want_s, want_i = _expected(queries, docs, [sorted(set(r) - {-1}) for r in candidates.tolist()], 5)
+    for row, (s, i) in enumerate(zip(want_s, want_i)):
+        assert got.indices[row, :len(i)].tolist() == i and bool((got.indices[row, len(i):] == -1).all())
+        torch.testing.assert_close(got.scores[row, :len(s)].cpu(), torch.tensor(s), rtol=1e-5, atol=1e-5)
+        assert got.ids[row] == [ids[j] for j in i] + [None] * (5 - len(i))
+    dead = int(candidates[2, 0])
+    full.delete([ids[dead]])
+    after = full.rerank(queries[2], candidates[2], 7, device=KERNEL_DEVICE)  # 2-D query: no query axis
+    assert after.indices.dim() == 1 and dead not in after.indices.tolist()
+    with pytest.raises(ValueError, match="positions in 0..39"):
+        full.rerank(queries, torch.full((3, 2), 40), 2)
+    with pytest.raises(ValueError, match=r"\[Nq=3, m\]"):
+        full.rerank(queries, torch.zeros(2, 2, dtype=torch.long), 2)
+    with pytest.raises(TypeError, match="integer"):
+        full.rerank(queries, torch.zeros(3, 2), 2)
+    with pytest.raises(ValueError, match="codes"):
+        Corpus.from_list(docs, encoding="pq8").rerank(queries, candidates, 2)
+
+
 def test_refine_errors_name_the_fix():
     g = torch.Generator().manual_seed(0)
     docs = _docs(g, n=20)

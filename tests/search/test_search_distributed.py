@@ -57,6 +57,10 @@ def _worker(rank, world, port, seed, path, results):
         stored = Corpus.load(path + "-int8", mmap=True)  # its refine/ folder: refine=True
         r = distributed_search(stored, queries, 5, progress=False, device="cpu", refine=True, refine_factor=16)
         out["stored refine"] = (r.scores, r.indices, r.ids)
+        # a subset (ids, one set for every shard; an id no shard holds matches nothing)
+        r = distributed_search(corpus, queries, 8, subset=[f"d{j}" for j in range(0, 61, 5)] + ["nope"],
+                               progress=False, device="cpu")
+        out["subset"] = (r.scores, r.indices, r.ids)
         results[rank] = out
         dist.destroy_process_group()
     except Exception:  # pragma: no cover - reported by the parent
@@ -99,3 +103,9 @@ def test_gloo_sharded_equals_single_process(tmp_path, world):
             assert torch.equal(indices, order[:, :n]), (rank, mode)
             assert torch.equal(scores, values[:, :n]), (rank, mode)
             assert ids == [[f"d{j}" for j in row] for row in order[:, :n].tolist()]
+        scores, indices, ids = out["subset"]
+        allowed = torch.arange(len(docs)) % 5 == 0
+        sub_values, sub_order = torch.sort(full[:, allowed], stable=True, dim=-1, descending=True)
+        want = torch.nonzero(allowed).flatten()[sub_order[:, :8]]
+        assert torch.equal(indices, want) and torch.equal(scores, sub_values[:, :8]), rank
+        assert ids == [[f"d{j}" for j in row] for row in want.tolist()]

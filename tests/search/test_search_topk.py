@@ -83,13 +83,13 @@ def test_nan_ranks_first_and_negative_zero():
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_subset(packed):
+def test_candidates(packed):
     Q, D = integer_tensor(3, 2, 4), integer_tensor(50, 3, 4)
     full = maxsim.maxsim(Q, D)  # [3, 50]
     lists = [[4, 9, 9, 30, 2, 41, 17], [0], list(range(49, 19, -1))]
     k = 5
     Dx = [D[j] for j in range(50)] if packed else D
-    s, i = topk(Q if not packed else [Q[0], Q[1], Q[2]], Dx, k, subset=lists, chunk_documents=3)
+    s, i = topk(Q if not packed else [Q[0], Q[1], Q[2]], Dx, k, candidates=lists, chunk_documents=3)
     for row, cand in enumerate(lists):
         cand = sorted(set(cand))
         ws, wi = sorted_topk(full[row, cand], k)
@@ -127,8 +127,8 @@ def test_bad_inputs():
         topk(Q, torch.randn(10, 4, 4), 3)
     with pytest.raises(TypeError, match="must match"):
         topk(Q, D.half(), 3)
-    with pytest.raises(ValueError, match="subset"):
-        topk(Q, D, 3, subset=[[1, 2, 99], [0]])
+    with pytest.raises(ValueError, match="candidates"):
+        topk(Q, D, 3, candidates=[[1, 2, 99], [0]])
     with pytest.raises(ValueError, match="packed layout"):
         topk(Q, [D[0]], 3, normalize=True)
     with pytest.raises(ValueError, match="cu_seqlens_d"):

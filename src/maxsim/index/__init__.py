@@ -1,7 +1,7 @@
 """Read PLAID indexes (colbert-ai folders, fast-plaid / PyLate folders) and search them.
 
     index = maxsim.index.load("path/to/index")            # format detected from the files
-    scores, pids = index.search(Q, k=10)                    # Q [Lq, d] or [Nq, Lq, d]
+    scores, pids, _ = index.search(Q, k=10)                 # Q [Lq, d] or [Nq, Lq, d]
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ class PlaidIndex:
         return (f"PlaidIndex(format={self.format!r}, documents={len(self)}, embeddings={self.num_embeddings}, "
                 f"centroids={self.codec.num_centroids}, d={self.codec.dim}, nbits={self.codec.nbits})")
 
-    def search(self, Q, k=10, *, ncells=None, centroid_score_threshold="default", ndocs=None,
-               settings="colbert", decode_dtype=None, q_mask=None):
-        """PLAID search: -> (scores [Nq, k] fp32, pids [Nq, k] int64); a 2-D Q gives [k] each.
+    def search(self, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_factor=4, ncells=None,
+               centroid_score_threshold="default", ndocs=None, settings="colbert", decode_dtype=None):
+        """PLAID search -> ``SearchResult(scores [Nq, k] fp32, indices [Nq, k] int64, ids)`` (the ids
+        are the passage ids); a 2-D Q gives [k] each. ``q_mask``, ``subset`` (passage ids) and
+        ``refine`` (a Corpus of the same documents) mean what they mean in ``Corpus.search``.
 
         settings="colbert" (default): colbert-ai's defaults by k; "fast-plaid": 8 cells, 4096
         approximate scores, no threshold. Explicit ncells / centroid_score_threshold (None turns
@@ -68,8 +70,9 @@ class PlaidIndex:
         """
         from .search import search
 
-        return search(self, Q, k, ncells=ncells, centroid_score_threshold=centroid_score_threshold,
-                      ndocs=ndocs, settings=settings, decode_dtype=decode_dtype, q_mask=q_mask)
+        return search(self, Q, k, q_mask=q_mask, subset=subset, refine=refine, refine_factor=refine_factor,
+                      ncells=ncells, centroid_score_threshold=centroid_score_threshold, ndocs=ndocs,
+                      settings=settings, decode_dtype=decode_dtype)
 
 
 def detect_format(path) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from maxsim._results import SearchResult
 from maxsim.varlen.ops import score_pairs_packed
 
 from ..compressed._inputs import check_q_mask
@@ -190,14 +191,18 @@ def _exact_scores(index, q, cu_q, max_q, query, pids, decode_dtype):
     return out
 
 
-def _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype):
-    """(scores [Nq, k] fp32, pids [Nq, k] int64) for Q [Nq, Lq, d] with real tokens ``real``."""
+def _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype, allowed=None):
+    """(scores [Nq, k] fp32, pids [Nq, k] int64) for Q [Nq, Lq, d] with real tokens ``real``;
+    ``allowed`` (bool [N] or None): the only passages that may be candidates."""
     num_queries = Q.shape[0]
     device = Q.device
     out_scores = torch.full((num_queries, k), float("-inf"), device=device)
     out_pids = torch.full((num_queries, k), -1, dtype=torch.int64, device=device)
     S = Q.float() @ index.codec.centroids.to(device).float().T  # [Nq, Lq, C]
     query, pids = _candidate_pairs(index, S, real, ncells)
+    if allowed is not None:
+        keep = allowed[pids.to(allowed.device)].to(pids.device)
+        query, pids = query[keep], pids[keep]
     if pids.numel() == 0:
         return out_scores, out_pids
     approx = _approx_scores(index, S, real, query, pids, threshold)
@@ -224,20 +229,25 @@ def _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype):
     return out_scores, out_pids
 
 
-def search(index, Q, k=10, *, ncells=None, centroid_score_threshold="default", ndocs=None, settings="colbert",
-           decode_dtype=None, q_mask=None):
-    """PLAID search of ``index`` for Q [Nq, Lq, d] (or [Lq, d]).
+def search(index, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_factor=4, ncells=None,
+           centroid_score_threshold="default", ndocs=None, settings="colbert", decode_dtype=None):
+    """PLAID search of ``index`` for Q [Nq, Lq, d] (or [Lq, d]) -> ``SearchResult(scores [Nq, k]
+    fp32, indices [Nq, k] int64, ids)``, best first; the ids are the passage ids (the positions),
+    and a query with fewer than k candidates is padded with score -inf and -1.
 
-    Returns (scores [Nq, k] fp32, pids [Nq, k] int64) best first ([k] each for a 2-D Q); a query
-    with fewer than k candidates is padded with score -inf and pid -1. Parameters left unset take
+    ``q_mask``, ``subset`` and ``refine`` mean what they mean in ``Corpus.search``: masked query
+    tokens (False) are left out of every stage; ``subset`` (passage ids, one set for every query)
+    limits the candidates to those documents; ``refine`` (a ``maxsim.Corpus`` of the same
+    documents in the same order, float or int8 / fp8) rescores the exact stage's best
+    ``k * refine_factor`` passages from its tokens (``Corpus.rerank``). Parameters left unset take
     the named ``settings``: "colbert" = colbert-ai's defaults by k (ncells 1/2/4, threshold
     0.5/0.45/0.4, ndocs 256/1024/max(4k, 4096)); "fast-plaid" = 8 cells, 4096 approximate scores,
     no threshold. decode_dtype: fp32 (colbert-ai's CPU decode; the default for colbert-ai indexes
     on the CPU) or fp16 (colbert-ai's CUDA decode and fast-plaid's; the default otherwise).
-    Masked query tokens (q_mask False) are left out of every stage.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+    factor = _check_refine(index, refine, refine_factor)
     ncells, threshold, ndocs = resolve_settings(k, settings, ncells, centroid_score_threshold, ndocs)
     if not torch.is_tensor(Q) or not Q.is_floating_point() or Q.dim() not in (2, 3) \
             or Q.shape[-1] != index.codec.dim:
@@ -252,11 +262,48 @@ def search(index, Q, k=10, *, ncells=None, centroid_score_threshold="default", n
         on_cpu_colbert = index.format == "colbert" and Q.device.type == "cpu"
         decode_dtype = torch.float32 if on_cpu_colbert else torch.float16
     real = torch.ones(Q.shape[:2], dtype=torch.bool, device=Q.device) if q_mask is None else q_mask.to(Q.device)
+    allowed = _subset_mask(index, subset)
     with torch.no_grad():
-        out_scores, out_pids = _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype)
+        out_scores, out_pids = _search_batch(index, Q, real, k * factor, ncells, threshold, ndocs, decode_dtype,
+                                             allowed)
+    if refine is not None:
+        out_scores, out_pids, _ = refine.rerank(Q, out_pids, k, q_mask=real, device=Q.device)
     if single:
-        return out_scores[0], out_pids[0]
-    return out_scores, out_pids
+        out_scores, out_pids = out_scores[0], out_pids[0]
+    return SearchResult(out_scores, out_pids, out_pids.cpu())
+
+
+def _check_refine(index, refine, refine_factor) -> int:
+    """The candidates kept a result: ``refine_factor`` when a refine corpus is given, else 1."""
+    if refine is None:
+        return 1
+    if refine is True:
+        raise ValueError("a PLAID index stores no refine tokens: pass refine=a maxsim.Corpus of the same "
+                         "documents in the same order (float16 or int8)")
+    if not callable(getattr(refine, "rerank", None)):
+        raise TypeError(f"refine must be a maxsim.Corpus of the index's documents; got {type(refine).__name__}")
+    if len(refine) != len(index):
+        raise ValueError(f"the refine corpus holds {len(refine)} documents, the index {len(index)}: build it from "
+                         "the same documents in the same order")
+    if isinstance(refine_factor, bool) or not isinstance(refine_factor, int) or not 1 <= refine_factor <= 1 << 16:
+        raise ValueError(f"refine_factor must be an int in [1, 65536] (candidates kept per result); "
+                         f"got {refine_factor!r}")
+    return refine_factor
+
+
+def _subset_mask(index, subset):
+    """``subset`` (passage ids: a list, array or tensor of ints) as a bool [N] mask on the index's
+    device; ids the index does not hold match nothing. None -> None."""
+    if subset is None:
+        return None
+    ids = torch.as_tensor(subset.cpu() if torch.is_tensor(subset) else subset)
+    if ids.is_floating_point() or ids.dtype == torch.bool or ids.dim() > 1:
+        raise TypeError("subset must be a 1-D list, array or tensor of passage ids (ints)")
+    ids = ids.long().reshape(-1)
+    ids = ids[(ids >= 0) & (ids < len(index))]
+    allowed = torch.zeros(len(index), dtype=torch.bool)
+    allowed[ids] = True
+    return allowed.to(index.cu_seqlens.device)
 
 
 __all__ = ["search", "colbert_defaults", "resolve_settings", "gather_documents", "SETTINGS"]

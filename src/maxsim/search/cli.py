@@ -451,12 +451,10 @@ def write_output(path, write) -> None:
 def _index_search(path, queries, k: int, device):
     """PLAID search of padded queries against the index at ``path`` -> (result, words)."""
     import maxsim
-    from maxsim.search.corpus import SearchResult
 
     index = maxsim.index.load(path, device=device)
     Q, q_mask = maxsim.pad([q.to(device) for q in queries])
-    scores, pids = index.search(Q, k=k, q_mask=q_mask)
-    return SearchResult(scores, pids, pids.cpu()), f"{len(index)} documents (a {index.format} PLAID index)"
+    return index.search(Q, k=k, q_mask=q_mask), f"{len(index)} documents (a {index.format} PLAID index)"
 
 
 def run_search(args) -> int:

@@ -26,11 +26,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
-
 import numpy as np
 import torch
 
+from maxsim._results import SearchResult
 from maxsim.compressed.codec import ResidualCodec
 from maxsim.compressed.pq import ProductQuantizer
 from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
@@ -46,15 +45,6 @@ ENCODINGS = corpus_format.ENCODINGS
 _QUANTIZED = {"int8": ("int8", torch.int8), "fp8": ("fp8_e4m3", torch.float8_e4m3fn)}
 _VALUE_ENCODINGS = {dtype: name for name, (_, dtype) in _QUANTIZED.items()}
 _CODE_DTYPES = {"int32": torch.int32, "uint8": torch.uint8}
-
-
-class SearchResult(NamedTuple):
-    """``scores [Nq, k] fp32``, ``indices [Nq, k] int64`` (positions in the corpus), ``ids``: the
-    documents' ids, an int64 tensor ``[Nq, k]`` for int ids or a list of Nq lists of str."""
-
-    scores: torch.Tensor
-    indices: torch.Tensor
-    ids: object
 
 
 @dataclass
@@ -1011,15 +1001,18 @@ class Corpus:
     # -- search -------------------------------------------------------------------------------
 
     def ids_of(self, indices: torch.Tensor):
-        """Ids of corpus positions ``indices [Nq, k]`` (global when this is a shard)."""
-        local = indices.cpu().numpy() - self.base_index
+        """Ids of corpus positions ``indices [Nq, k]`` (global when this is a shard); position -1
+        (no answer) has id -1 (int ids) or None (str ids)."""
+        positions = indices.cpu().numpy()
+        local = positions - self.base_index
         if isinstance(self.ids, np.ndarray):
-            return torch.from_numpy(self.ids[local])
-        return [[self.ids[j] for j in row] for row in local.tolist()]
+            return torch.from_numpy(np.where(positions >= 0, self.ids[np.where(positions >= 0, local, 0)], -1))
+        return [[self.ids[j] if p >= 0 else None for p, j in zip(prow, row)]
+                for prow, row in zip(positions.tolist(), local.tolist())]
 
-    def search(self, Q, k: int, q_mask=None, batch_size: int | None = None, gpu_memory: int | None = None,
-               progress: bool | None = None, *, device=None, subset=None, refine=None,
-               refine_factor: int = 4) -> SearchResult:
+    def search(self, Q, k: int, *, q_mask=None, subset=None, refine=None, refine_factor: int = 4,
+               batch_size: int | None = None, gpu_memory: int | None = None, progress: bool | None = None,
+               device=None) -> SearchResult:
         """The best ``k`` documents per query, exactly (``torch.topk`` of ``maxsim_varlen`` scores,
         ties to the lower index, best first; ``k > N`` returns N). Deleted documents are never
         ranked: ``k > N`` returns the live ones.
@@ -1063,6 +1056,33 @@ class Corpus:
         scores, indices = refined_search(self, Q, k, q_mask=q_mask, refine=refine, refine_factor=refine_factor,
                                          batch_size=batch_size, gpu_memory=gpu_memory, progress=progress,
                                          device=device, subset=subset)
+        return self._result(scores, indices)
+
+    def rerank(self, Q, candidates, k: int, *, q_mask=None, device=None) -> SearchResult:
+        """The exact top-``k`` of each query among its own candidates, scored from this corpus's
+        tokens (only theirs are read): the second stage of a search whose first stage ran
+        elsewhere (a PLAID index, a compressed corpus, BM25), as ``search(refine=...)`` uses it.
+
+        Args:
+            Q: queries as :meth:`search` takes them (``[Nq, Lq, d]`` with ``q_mask``, ``[Lq, d]``
+                or a list of ``[L_i, d]``).
+            candidates: int ``[Nq, m]`` positions in this corpus (``SearchResult.indices`` of a
+                search over the same documents in the same order; ``[m]`` for a 2-D ``Q``); -1
+                pads a short list; deleted documents and repeats count as none.
+            k: results a query (``k > m`` returns m).
+            device: where to score (default as :meth:`search`).
+
+        Returns:
+            ``SearchResult(scores [Nq, k'] fp32, indices [Nq, k'] int64, ids)``, best first, ties
+            to the lower index; a query with fewer than k candidates gets -1 and -inf in its last
+            slots.
+        """
+        from maxsim.search.refine import rerank
+
+        scores, indices = rerank(self, Q, candidates, k, q_mask=q_mask, device=device)
+        return self._result(scores, indices)
+
+    def _result(self, scores: torch.Tensor, indices: torch.Tensor) -> SearchResult:
         if scores.dim() == 1:
             return SearchResult(scores, indices, self.ids_of(indices[None])[0])
         return SearchResult(scores, indices, self.ids_of(indices))

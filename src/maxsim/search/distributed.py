@@ -29,8 +29,8 @@ def _collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def distributed_search(corpus: Corpus, Q, k: int, q_mask=None, *, group=None, batch_size=None, gpu_memory=None,
-                       progress=None, device=None, refine=None, refine_factor: int = 4) -> SearchResult:
+def distributed_search(corpus: Corpus, Q, k: int, *, q_mask=None, subset=None, refine=None, refine_factor: int = 4,
+                       group=None, batch_size=None, gpu_memory=None, progress=None, device=None) -> SearchResult:
     """Exact top-k over a corpus sharded across the ranks of ``group`` (default: the world).
 
     ``corpus``: the whole corpus (each rank takes ``corpus.shard(rank, world_size)``: views, so a
@@ -39,7 +39,7 @@ def distributed_search(corpus: Corpus, Q, k: int, q_mask=None, *, group=None, ba
     with the corpus): each rank keeps its shard's ``k * refine_factor`` candidates and rescores
     them from its range of ``refine`` before the ranks merge, so the answer is the exact top-k of
     the union of every shard's candidates (at least one process's candidates, often more).
-    Other arguments as :meth:`Corpus.search`. Returns the same ``SearchResult`` on every rank.
+    ``subset`` (ids, one set for every query) and the other arguments as :meth:`Corpus.search`. Returns the same ``SearchResult`` on every rank.
     """
     from maxsim.search.refine import refined_search
 
@@ -67,7 +67,7 @@ def distributed_search(corpus: Corpus, Q, k: int, q_mask=None, *, group=None, ba
     if len(shard):
         scores, indices = refined_search(shard, Q, k, q_mask=q_mask, refine=refine, refine_factor=refine_factor,
                                          batch_size=batch_size, gpu_memory=gpu_memory, progress=progress,
-                                         device=device)
+                                         device=device, subset=subset)
     else:
         n = len(Q) if isinstance(Q, (list, tuple)) else Q.shape[0]
         scores, indices = torch.empty(n, 0), torch.empty(n, 0, dtype=torch.int64)
@@ -83,7 +83,7 @@ def distributed_search(corpus: Corpus, Q, k: int, q_mask=None, *, group=None, ba
     dist.all_gather(all_scores, padded_scores, group=group)
     dist.all_gather(all_indices, padded_indices, group=group)
     merged_scores, merged_indices = merge_topk(torch.cat(all_scores, 1), torch.cat(all_indices, 1), k)
-    width = min(k, total)
+    width = min(k, total, int((merged_indices >= 0).sum(1).max()) if Nq else 0)  # a subset may hold fewer
     merged_scores, merged_indices = merged_scores[:, :width].cpu(), merged_indices[:, :width].cpu()
 
     ids = _gather_ids(shard, indices, merged_indices, group, world)
@@ -109,6 +109,7 @@ def _gather_ids(shard: Corpus, local_indices: torch.Tensor, merged: torch.Tensor
     table = {}
     for part in gathered:
         table.update(part)
+    table[-1] = -1 if isinstance(shard.ids, np.ndarray) else None  # no answer
     rows = [[table[j] for j in row] for row in merged.tolist()]
     if isinstance(shard.ids, np.ndarray):
         return torch.tensor(rows, dtype=torch.int64).reshape(merged.shape)

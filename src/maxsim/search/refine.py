@@ -72,6 +72,64 @@ def refined_search(corpus, Q, k, *, q_mask=None, refine=None, refine_factor: int
     return (scores[0], indices[0]) if squeeze else (scores, indices)
 
 
+def rerank(corpus, Q, candidates, k, *, q_mask=None, device=None):
+    """:meth:`Corpus.rerank`: ``(scores [Nq, k'], indices [Nq, k'])`` (2-D ``Q``: no query axis),
+    the exact top-k of each query's ``candidates`` (positions, -1 = none) from ``corpus``'s tokens."""
+    from maxsim.search.stream import choose_device
+    from maxsim.varlen.queries import packed_queries
+
+    if corpus.is_compressed:
+        raise ValueError(f"maxsim: {corpus.name()} holds {corpus.encoding} codes; rerank scores float16, bfloat16, "
+                         "float32, int8 or fp8 tokens (search a compressed corpus with refine= instead)")
+    k = check_k(k)
+    if isinstance(Q, np.ndarray):
+        Q = torch.from_numpy(Q)
+    squeeze = isinstance(Q, torch.Tensor) and Q.dim() == 2
+    q, _, cu_q_host, _ = packed_queries(Q, q_mask)
+    if not q.is_floating_point():
+        raise TypeError(f"maxsim: the queries are {q.dtype}; rerank takes float16, bfloat16 or float32 queries")
+    if q.shape[1] != corpus.dim:
+        raise ValueError(f"maxsim: the queries have d={q.shape[1]} but {corpus.name()} has d={corpus.dim}")
+    Nq = cu_q_host.size - 1
+    table = _candidate_table(candidates, Nq, squeeze, corpus)
+    scores, indices = refine_candidates(corpus, q, cu_q_host, table, k, choose_device(corpus, Q, device))
+    return (scores[0], indices[0]) if squeeze else (scores, indices)
+
+
+def _candidate_table(candidates, num_queries: int, squeeze: bool, corpus) -> torch.Tensor:
+    """Candidates as int64 ``[Nq, m]`` global positions on the host, checked; deleted documents
+    and repeats of a row become -1."""
+    if isinstance(candidates, np.ndarray):
+        candidates = torch.from_numpy(candidates)
+    elif not torch.is_tensor(candidates):
+        try:
+            candidates = torch.as_tensor(candidates)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError("maxsim: candidates must be an int [Nq, m] tensor or array of corpus positions (-1: none)")
+    if candidates.is_floating_point() or candidates.is_complex() or candidates.dtype == torch.bool:
+        raise TypeError(f"maxsim: candidates must hold integer corpus positions; got {candidates.dtype}")
+    table = candidates.cpu().long()
+    if squeeze:
+        table = table[None] if table.dim() == 1 else table
+    if table.dim() != 2 or table.shape[0] != num_queries:
+        want = "[m]" if squeeze else f"[Nq={num_queries}, m]"
+        raise ValueError(f"maxsim: candidates must be {want} positions; got {list(candidates.shape)}")
+    lo, hi = corpus.base_index, corpus.base_index + len(corpus)
+    valid = table >= 0
+    if bool(((table < lo) & valid).any() | (table >= hi).any()):
+        raise ValueError(f"maxsim: candidates must hold positions in {lo}..{hi - 1} (or -1 for none)")
+    table = torch.where(valid, table, -1)
+    if corpus.num_deleted:
+        dead = torch.from_numpy(~corpus.live)[(table - lo).clamp_min(0)] & valid
+        table = table.masked_fill(dead, -1)
+    if table.shape[1] > 1:  # a repeat counts once: each row's later copies become -1
+        ordered, order = torch.sort(table, dim=1, stable=True)
+        repeated = torch.zeros_like(ordered, dtype=torch.bool)
+        repeated[:, 1:] = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+        table = table.scatter(1, order, ordered.masked_fill(repeated, -1))
+    return table
+
+
 def _same_ids(corpus, refine) -> bool:
     """Whether both corpora hold the same ids; remembered on ``refine`` for the same two id objects
     (a search would otherwise compare millions of ids a call)."""

@@ -159,34 +159,34 @@ def _check_pair(q: torch.Tensor, d: torch.Tensor, d_name: str = "D") -> None:
         raise ValueError(f"maxsim: Q is on {q.device} but {d_name} is on {d.device}")
 
 
-def _subset_tensor(subset, num_queries: int, num_documents: int, device) -> torch.Tensor:
+def _candidate_tensor(candidates, num_queries: int, num_documents: int, device) -> torch.Tensor:
     """Per-query candidate lists -> int64 ``[Nq, K]`` on ``device``, -1 = no candidate, each row's
     duplicates removed (a candidate is a document, counted once)."""
-    if isinstance(subset, (list, tuple)):
-        rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in subset]
+    if isinstance(candidates, (list, tuple)):
+        rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in candidates]
         if len(rows) != num_queries:
-            raise ValueError(f"maxsim: subset must have one candidate list per query ({num_queries}); got {len(rows)}")
+            raise ValueError(f"maxsim: candidates must have one list per query ({num_queries}); got {len(rows)}")
         width = max((r.size for r in rows), default=0)
         table = np.full((num_queries, width), -1, dtype=np.int64)
         for i, r in enumerate(rows):
             table[i, : r.size] = r
-        subset = torch.from_numpy(table)
-    subset = _as_tensor("subset", subset)
-    if subset.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
-        raise TypeError(f"maxsim: subset must hold integer document indices; got {subset.dtype}")
-    if subset.dim() != 2 or subset.shape[0] != num_queries:
-        raise ValueError(f"maxsim: subset must be [Nq={num_queries}, K]; got {list(subset.shape)}")
-    subset = subset.to(device=device, dtype=torch.int64)
-    if subset.numel():
-        lo, hi = int(subset.min()), int(subset.max())
+        candidates = torch.from_numpy(table)
+    candidates = _as_tensor("candidates", candidates)
+    if candidates.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+        raise TypeError(f"maxsim: candidates must hold integer document indices; got {candidates.dtype}")
+    if candidates.dim() != 2 or candidates.shape[0] != num_queries:
+        raise ValueError(f"maxsim: candidates must be [Nq={num_queries}, K]; got {list(candidates.shape)}")
+    candidates = candidates.to(device=device, dtype=torch.int64)
+    if candidates.numel():
+        lo, hi = int(candidates.min()), int(candidates.max())
         if lo < -1 or hi >= num_documents:
-            raise ValueError(f"maxsim: subset must hold indices in 0..{num_documents - 1} (or -1 for none); "
+            raise ValueError(f"maxsim: candidates must hold indices in 0..{num_documents - 1} (or -1 for none); "
                              f"got values in [{lo}, {hi}]")
-        ordered, _ = torch.sort(subset, dim=1)
+        ordered, _ = torch.sort(candidates, dim=1)
         repeated = torch.zeros_like(ordered, dtype=torch.bool)
         repeated[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
-        subset = torch.where(repeated, torch.full_like(ordered, -1), ordered)
-    return subset
+        candidates = torch.where(repeated, torch.full_like(ordered, -1), ordered)
+    return candidates
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def _chunked(running: RunningTopK, num_documents: int, chunk: int,
         running.update(score_chunk(start, stop), start)
 
 
-def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=None, subset=None,
+def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=None, candidates=None,
          normalize: bool = False, mask_mode: str = "exclude", chunk_documents: int | None = None,
          scratch_bytes: int | None = None):
     """The best ``k`` documents of ``D`` for each query of ``Q``, exactly.
@@ -214,8 +214,9 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
 
     Args:
         k: how many documents per query (>= 1). ``k > Nd`` returns all Nd, sorted.
-        subset: optional per-query candidates (PyLate's ``subset``): int ``[Nq, K]`` document
-            indices or a list of Nq lists; -1 pads a short list; a repeated index counts once.
+        candidates: optional per-query candidates (PyLate's ``subset``; ``Corpus.rerank``'s
+            argument): int ``[Nq, K]`` document indices or a list of Nq lists; -1 pads a short
+            list; a repeated index counts once.
             Only candidates are ranked; ``k`` is then capped at K, and a query with fewer than
             ``k`` candidates gets index -1 and score -inf in its remaining slots.
         chunk_documents: documents scored per chunk (default: :func:`choose_chunk_documents`).
@@ -248,7 +249,7 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
             cu_d = _as_tensor("cu_seqlens_d", cu_seqlens_d)
         q, cu_q, cu_q_host, max_q = packed_queries(Q, q_mask, cu_seqlens_q)
         _check_pair(q, d)
-        scores, indices = topk_packed(q, cu_q, max_q, d, cu_d.cpu().numpy().astype(np.int64), k, subset=subset,
+        scores, indices = topk_packed(q, cu_q, max_q, d, cu_d.cpu().numpy().astype(np.int64), k, candidates=candidates,
                                       chunk_documents=chunk_documents, scratch_bytes=scratch_bytes)
     else:
         if cu_seqlens_q is not None:
@@ -267,7 +268,7 @@ def topk(Q, D, k, q_mask=None, d_mask=None, *, cu_seqlens_q=None, cu_seqlens_d=N
         _check_options(normalize, mask_mode, Q)
         q_mask = _bool_mask("q_mask", q_mask, Q.shape[:2], Q.device)
         d_mask = _bool_mask("d_mask", d_mask, D.shape[:2], D.device)
-        scores, indices = _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode,
+        scores, indices = _topk_padded(Q, D, k, q_mask, d_mask, candidates, normalize, mask_mode,
                                        chunk_documents, scratch_bytes)
     if squeeze:
         return scores[0], indices[0]
@@ -285,10 +286,10 @@ def _check_options(normalize, mask_mode: str, Q: torch.Tensor) -> None:
         raise ValueError(f"maxsim: the embedding dim d must be at least 1; got Q {list(Q.shape)}")
 
 
-def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_documents, scratch_bytes):
+def _topk_padded(Q, D, k, q_mask, d_mask, candidates, normalize, mask_mode, chunk_documents, scratch_bytes):
     Nq, Nd, Ld = Q.shape[0], D.shape[0], D.shape[1]
     options = dict(normalize=normalize, mask_mode=mask_mode)
-    if subset is None:
+    if candidates is None:
         _check_size(Nd)
         chunk = chunk_documents or choose_chunk_documents(Nq, Nd, k, Ld, D.device, scratch_bytes)
         running = RunningTopK(Nq, k, Q.device)
@@ -300,7 +301,7 @@ def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_do
         _chunked(running, Nd, _check_chunk(chunk), score)
         return running.result()
 
-    candidates = _subset_tensor(subset, Nq, Nd, D.device)  # [Nq, K]
+    candidates = _candidate_tensor(candidates, Nq, Nd, D.device)  # [Nq, K]
     K = candidates.shape[1]
     running = RunningTopK(Nq, k, Q.device)
     # Candidate lists are gathered ([Nq, c, Ld, d]): the chunk also bounds that copy.
@@ -317,7 +318,7 @@ def _topk_padded(Q, D, k, q_mask, d_mask, subset, normalize, mask_mode, chunk_do
     return running.result()
 
 
-def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, subset=None, chunk_documents=None,
+def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, candidates=None, chunk_documents=None,
                 scratch_bytes=None, running: RunningTopK | None = None, base_index: int = 0):
     """Top-k over a packed corpus ``d [Td, d]`` with host offsets ``cu_d_host [Nd + 1]`` (int64).
 
@@ -330,10 +331,10 @@ def topk_packed(q, cu_q, max_q, d, cu_d_host: np.ndarray, k, *, subset=None, chu
     own = running is None
     if own:
         running = RunningTopK(Nq, k, q.device)
-    if subset is not None:
+    if candidates is not None:
         if not own or base_index:
-            raise ValueError("maxsim: subset needs the whole corpus in one call")
-        _score_subset_packed(running, q, cu_q, max_q, d, cu_d_host, subset, chunk_documents, scratch_bytes)
+            raise ValueError("maxsim: candidates need the whole corpus in one call")
+        _score_candidates_packed(running, q, cu_q, max_q, d, cu_d_host, candidates, chunk_documents, scratch_bytes)
         return running.result()
     _check_size(base_index + Nd)
     lengths = np.diff(cu_d_host)
@@ -387,9 +388,9 @@ def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start:
     return maxsim_quantized_varlen(queries, values[rows], scales[rows], cu)  # [Nq, c]
 
 
-def _score_subset_packed(running, q, cu_q, max_q, d, cu_d_host, subset, chunk_documents, scratch_bytes):
+def _score_candidates_packed(running, q, cu_q, max_q, d, cu_d_host, candidates, chunk_documents, scratch_bytes):
     Nq, Nd = cu_q.numel() - 1, cu_d_host.size - 1
-    candidates = _subset_tensor(subset, Nq, Nd, q.device)  # [Nq, K]
+    candidates = _candidate_tensor(candidates, Nq, Nd, q.device)  # [Nq, K]
     K = candidates.shape[1]
     budget = scratch_bytes or (2**30 if q.device.type == "cuda" else 2**28)
     chunk = chunk_documents or max(1, min(K, budget // (SCRATCH_BYTES_PER_SCORE * max(Nq, 1))))
