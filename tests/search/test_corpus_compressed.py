@@ -101,7 +101,7 @@ def test_search_equals_decode_then_score(tmp_path, encoding):
     docs, codec, g = build(encoding)
     ids = [f"doc-{j}" for j in range(len(docs))]
     corpus = Corpus.from_list(docs, ids=ids, codec=codec)
-    assert corpus.encoding == encoding and corpus.is_compressed and not corpus.is_quantized
+    assert corpus.encoding == encoding and corpus.encoding.has_codec and not corpus.encoding.has_scales
     assert corpus.codec is codec and encoding in repr(corpus)
     if encoding.startswith("residual"):
         nbits = int(encoding[-1])

@@ -77,7 +77,7 @@ def test_search_equals_full_quantized_matrix(tmp_path, encoding, exact):
         queries = [F.normalize(torch.randn(L, d), dim=-1) for L in (3, 1, 5, 2)]
     ids = [f"doc-{j}" for j in range(len(docs))]
     corpus = Corpus.from_list(docs, ids=ids, encoding=encoding)
-    assert corpus.encoding == encoding and corpus.is_quantized
+    assert corpus.encoding == encoding and corpus.encoding.has_scales
     assert corpus.dtype == (torch.int8 if encoding == "int8" else torch.float8_e4m3fn)
     assert corpus.scales.shape == (corpus.num_tokens,) and corpus.scales.dtype == torch.float32
     assert encoding in repr(corpus)
@@ -210,7 +210,7 @@ def test_float_corpora_keep_version_1(tmp_path):
     del manifest["encoding"]
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
     loaded = Corpus.load(tmp_path / "c")
-    assert loaded.encoding == "float16" and loaded.scales is None and not loaded.is_quantized
+    assert loaded.encoding == "float16" and loaded.scales is None and not loaded.encoding.has_scales
     assert torch.equal(loaded.document(0), docs[0].half())
     # encoding= also casts to a float dtype
     assert Corpus.from_list(docs, encoding="bfloat16").dtype == torch.bfloat16

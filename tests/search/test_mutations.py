@@ -69,7 +69,7 @@ def listed(directory: Path) -> set:
 
 def searched(corpus, queries, k=6):
     """What a search answers, independent of positions: (scores, ids, live count)."""
-    if not (corpus.is_quantized or corpus.is_compressed):
+    if corpus.encoding.exact:
         queries = [q.to(corpus.dtype) for q in queries]
     r = corpus.search(queries, k, progress=False, device="cpu")
     ids = r.ids.tolist() if isinstance(r.ids, torch.Tensor) else r.ids

@@ -35,7 +35,7 @@ def cuda_search(corpus, queries, k, where, tmp_path, **kwargs):
     """corpus.search on CUDA with the corpus on the device or in pinned host memory (streamed under
     a budget of a few dozen documents); an ``mmap`` corpus is searched as loaded. Scores and
     positions come back on the CPU for the comparison."""
-    if not (corpus.is_quantized or corpus.is_compressed):
+    if corpus.encoding.exact:
         queries = [q.to(corpus.dtype) for q in queries]
     budget = None if where == "device" else small_budget(queries, k)
     placed = place(corpus, where, tmp_path / "placed") if where != "mmap" else corpus

@@ -133,7 +133,7 @@ def test_rerank_is_the_exact_top_k_of_given_candidates():
     with pytest.raises(TypeError, match="integer"):
         full.rerank(queries, torch.zeros(3, 2), 2)
     with pytest.raises(ValueError, match="codes"):
-        Corpus.from_list(docs, encoding="pq8").rerank(queries, candidates, 2)
+        Corpus.from_list(docs, encoding="residual2").rerank(queries, candidates, 2)
 
 
 def test_refine_errors_name_the_fix():

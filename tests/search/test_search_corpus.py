@@ -225,7 +225,7 @@ def test_gpu_streaming_equals_exhaustive(tmp_path, where):
 
 def test_progress_bar_and_ctrl_c(monkeypatch, capsys):
     pytest.importorskip("tqdm")
-    from maxsim.search import stream
+    from maxsim.search import encodings
 
     docs, queries = random_docs(60, integer=True), random_docs(2, integer=True)
     corpus = Corpus.from_list(docs)
@@ -233,7 +233,7 @@ def test_progress_bar_and_ctrl_c(monkeypatch, capsys):
     assert_same(corpus.search(queries, 5, gpu_memory=3000, progress=True, device="cpu"), want)
     assert "maxsim search" in capsys.readouterr().err
     calls = {"n": 0}
-    real = stream.score_packed_chunk
+    real = encodings.Float.score_chunk
 
     def interrupted(*args, **kwargs):
         calls["n"] += 1
@@ -241,7 +241,7 @@ def test_progress_bar_and_ctrl_c(monkeypatch, capsys):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stream, "score_packed_chunk", interrupted)
+    monkeypatch.setattr(encodings.Float, "score_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):
         corpus.search(queries, 5, gpu_memory=3000, progress=True, device="cpu")
     monkeypatch.undo()

@@ -266,7 +266,7 @@ def _write_segments(directory: Path, corpus, manifest: dict, reuse: bool) -> dic
         else:
             array, lengths, ids, scales, residuals = corpus._stored_segment(s)
             entry = corpus_format._write_segment(directory, number, array, lengths, ids, scales, residuals,
-                                                 coded=corpus.is_compressed)
+                                                 coded=corpus.encoding.has_codec)
         dead = _dead(corpus, s)
         if dead.size:
             same = old is not None and _same_content(old, dead)
@@ -307,13 +307,11 @@ def write_new(directory, corpus, *, overwrite: bool) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     encoding = corpus.encoding
     manifest = {"format": corpus_format.FORMAT_NAME, "version": corpus_format.format_version(encoding),
-                "dim": corpus.dim, "dtype": corpus_format.stored_dtype(encoding), "encoding": encoding,
+                "dim": corpus.dim, "dtype": encoding.stored_dtype, "encoding": encoding,
                 "id_type": "int" if isinstance(corpus.ids, np.ndarray) else "str", "num_documents": 0,
                 "num_tokens": 0, "segments": []}
-    if corpus.is_compressed:
-        from maxsim.search.codecs import codec_tables
-
-        manifest["codec"] = corpus_format._write_codec(directory, encoding, codec_tables(corpus.codec))
+    if encoding.has_codec:
+        manifest["codec"] = corpus_format._write_codec(directory, encoding, encoding.tables(corpus.codec))
     return _write_segments(directory, corpus, manifest, reuse=False)
 
 

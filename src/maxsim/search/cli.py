@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from maxsim._progress import progress_bar, say, stage
+from maxsim.search import encodings
 from maxsim.search import format as corpus_format
 
 INDEX_EXAMPLE = """example:
@@ -40,14 +41,14 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 
 
 class _EncodingChoices(tuple):
-    """The documented encodings (format.ENCODINGS, listed by --help and in errors) that also hold every
-    name the format takes: any pq<m>, residual1 and residual8."""
+    """The documented encodings (encodings.DOCUMENTED, listed by --help and in errors) that also
+    hold every name the format takes: any pq<m>, residual1 and residual8."""
 
     def __contains__(self, name) -> bool:
-        return corpus_format.is_encoding(name)
+        return encodings.parse(name) is not None
 
 
-ENCODING_CHOICES = _EncodingChoices(corpus_format.ENCODINGS)
+ENCODING_CHOICES = _EncodingChoices(encodings.DOCUMENTED)
 
 
 def _parse_bytes(text: str) -> int:
@@ -225,8 +226,7 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ids", action="append", help="text file of ids, one per line (once per input)")
     stored = p.add_mutually_exclusive_group()
     stored.add_argument("--encoding", choices=ENCODING_CHOICES,
-                        metavar="{" + ",".join(corpus_format.FLOAT_ENCODINGS + tuple(corpus_format.QUANTIZED_ENCODINGS)
-                                               + tuple(corpus_format.RESIDUAL_ENCODINGS)) + ",pq<m>}",
+                        metavar="{" + ",".join(encodings.NAMES) + ",pq<m>}",
                         help="store the tokens as this: a float dtype; int8 / fp8 (e4m3) values with an fp32 "
                              "scale per token, d + 4 bytes a token; residual2 / residual4, PLAID residual codes "
                              "(a centroid id and 2 or 4 bits a dimension, d * nbits / 8 + 4 bytes a token; d a "
@@ -254,7 +254,7 @@ def add_index_parser(subparsers) -> argparse.ArgumentParser:
 def _train_codec(args, encoding: str, packed: torch.Tensor, device: torch.device, bar=None):
     """The codec of a new residual / PQ corpus, trained on ``packed`` (one input's tokens) on
     ``device``; ``bar`` (the index's bar) names the step while it runs."""
-    from maxsim.search.corpus import train_codec
+    from maxsim.search.encodings import train_codec
 
     if not args.quiet:
         say(bar, f"maxsim index: training a {encoding} codec on {packed.shape[0]} tokens on {device} ...")
@@ -276,28 +276,28 @@ def run_index(args) -> int:
         print(f"maxsim index: --num-centroids must be at least 1; got {args.num_centroids}", file=sys.stderr)
         return 2
     append = args.append
-    encoding = args.encoding or args.dtype
+    encoding = encodings.parse(args.encoding or args.dtype)  # None: the inputs' dtype
     codec = None
     existing = None
     if append and Path(args.out, "manifest.json").is_file():
         existing = Corpus.load(args.out, mmap=True, verify=False)
-        if existing.is_compressed:
+        if existing.encoding.has_codec:
             # documents appended to a residual / PQ corpus are encoded with its codec, never a new one
             if encoding is not None and encoding != existing.encoding:
                 raise TypeError(f"maxsim: cannot append {encoding} documents to the corpus {args.out} of "
                                 f"{existing.encoding}: leave --encoding out (its codec encodes them), or build a "
                                 "new corpus from the float tokens")
             encoding, codec = existing.encoding, existing.codec
-        elif encoding is not None and corpus_format.is_compressed(encoding):
+        elif encoding is not None and encoding.has_codec:
             raise TypeError(f"maxsim: cannot append {encoding} documents to the corpus {args.out} of "
                             f"{existing.encoding}: build a new corpus (without --append)")
-        elif encoding is None and existing.is_quantized:
+        elif encoding is None and existing.encoding.has_scales:
             # float documents appended to a one-byte corpus are quantised like its own
             encoding = existing.encoding
-    if args.num_centroids is not None and encoding not in corpus_format.RESIDUAL_ENCODINGS:
+    if args.num_centroids is not None and not (encoding is not None and encoding.has_residuals):
         print("maxsim index: --num-centroids is for a new corpus of a residual encoding", file=sys.stderr)
         return 2
-    compressed = encoding is not None and corpus_format.is_compressed(encoding)
+    compressed = encoding is not None and encoding.has_codec
     refine_dir = Path(args.out, Corpus.REFINE_FOLDER)
     has_refine = (refine_dir / corpus_format.MANIFEST).is_file()
     if existing is not None and has_refine:  # appends keep the stored refine tokens aligned
@@ -492,11 +492,12 @@ def run_search(args) -> int:
     if len(query_ids) != lengths.size:
         print(f"maxsim search: {len(query_ids)} query ids for {lengths.size} queries", file=sys.stderr)
         return 2
-    if args.corpus and not (corpus.is_quantized or corpus.is_compressed) and packed.dtype != corpus.dtype:
+    wanted = corpus.encoding.scoring_dtype() if args.corpus else None  # a float corpus's dtype
+    if wanted is not None and packed.dtype != wanted:
         if not args.quiet:  # (an encoder's fp32 output against an fp16 corpus)
             print(f"maxsim search: {str(packed.dtype).replace('torch.', '')} queries scored as the corpus's "
-                  f"{str(corpus.dtype).replace('torch.', '')}", file=sys.stderr)
-        packed = packed.to(corpus.dtype)
+                  f"{str(wanted).replace('torch.', '')}", file=sys.stderr)
+        packed = packed.to(wanted)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     queries = [packed[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]

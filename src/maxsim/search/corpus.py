@@ -30,21 +30,14 @@ import numpy as np
 import torch
 
 from maxsim._results import SearchResult
-from maxsim.compressed.codec import ResidualCodec
-from maxsim.compressed.pq import ProductQuantizer
-from maxsim.compressed.quantized import dequantize_tokens, quantize_tokens
 from maxsim.search import changes
 from maxsim.search import format as corpus_format
-from maxsim.search.codecs import codec_from_tables, codec_tables
+from maxsim.search import encodings
+from maxsim.search.encodings import Encoding, train_codec  # noqa: F401  (train_codec: the CLI's)
 from maxsim.varlen.packing import pack, padded_to_packed
 
-_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
-_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-ENCODINGS = corpus_format.ENCODINGS
-# one-byte encodings -> (quantize_tokens' format, the values' dtype)
-_QUANTIZED = {"int8": ("int8", torch.int8), "fp8": ("fp8_e4m3", torch.float8_e4m3fn)}
-_VALUE_ENCODINGS = {dtype: name for name, (_, dtype) in _QUANTIZED.items()}
-_CODE_DTYPES = {"int32": torch.int32, "uint8": torch.uint8}
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ENCODINGS = encodings.DOCUMENTED
 
 
 @dataclass
@@ -135,113 +128,22 @@ def _as_tensor(name, x) -> torch.Tensor:
 
 
 def _check_embeddings(name: str, x: torch.Tensor) -> None:
-    if x.dtype not in _DTYPE_NAMES:
+    if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"maxsim: {name} must be float16, bfloat16 or float32 (for one-byte, residual or PQ tokens "
                         f"pass floats with encoding='int8', 'fp8', 'residual2', 'pq32', ...); got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"maxsim: {name} must be packed [total_tokens, d]; got {list(x.shape)}")
 
 
-def _check_encoding(encoding) -> None:
-    if encoding is not None and not corpus_format.is_encoding(encoding):
-        raise ValueError(f"maxsim: encoding must be one of {', '.join(ENCODINGS)}, residual1, residual8 or pq<m> "
-                         f"(m dividing d) (or None: the input's dtype); got {encoding!r}")
-
-
-def codec_encoding(codec) -> str:
-    """The encoding a codec writes: "residual<nbits>" for a ResidualCodec, "pq<m>" for a
-    ProductQuantizer."""
-    if isinstance(codec, ResidualCodec):
-        return f"residual{codec.nbits}"
-    if isinstance(codec, ProductQuantizer):
-        return f"pq{codec.m}"
-    raise TypeError(f"maxsim: codec must be a maxsim.compressed.ResidualCodec or ProductQuantizer; "
-                    f"got {type(codec).__name__}")
-
-
-def _resolve_encoding(encoding, codec):
-    """(encoding, codec) of a constructor: a given codec names its encoding (which ``encoding``,
-    if given, must be)."""
-    _check_encoding(encoding)
-    if codec is None:
-        return encoding
-    own = codec_encoding(codec)
-    if encoding is not None and encoding != own:
-        raise ValueError(f"maxsim: codec= is a {type(codec).__name__} for encoding {own!r}, but encoding={encoding!r}: "
-                         f"give encoding={own!r} (or leave it out)")
-    return own
-
-
-def _pq_choices(d: int) -> str:
-    return ", ".join(f"pq{m}" for m in range(1, d + 1) if d % m == 0)
-
-
-def train_codec(tokens: torch.Tensor, encoding: str, *, num_centroids: int | None = None, progress=None):
-    """A codec for ``encoding`` trained on the float ``tokens [T, d]`` (on their device), with the
-    library's defaults: "residual<nbits>" -> ``ResidualCodec.train(tokens, nbits, num_centroids=)``
-    (colbert-ai's recipe and, by default, centroid count, on a sample of the tokens); "pq<m>" ->
-    ``ProductQuantizer.train(tokens, m, progress=progress)`` (k-means on a sample of 65536 tokens;
-    a tqdm bar per ``progress``)."""
-    if not corpus_format.is_compressed(encoding):
-        raise ValueError(f"maxsim: {encoding!r} has no codec to train (residual<nbits> or pq<m> have)")
-    if not torch.is_tensor(tokens) or not tokens.is_floating_point() or tokens.dim() != 2:
-        raise TypeError(f"maxsim: a {encoding} codec is trained on float tokens [T, d]")
-    total, d = tokens.shape
-    m = corpus_format.pq_subspaces(encoding)
-    if m is None:
-        if d % 8:
-            raise ValueError(f"maxsim: {encoding} needs d to be a multiple of 8 (d * nbits / 8 residual bytes a "
-                             f"token); the tokens have d={d}")
-        if total == 0:
-            raise ValueError(f"maxsim: cannot train a {encoding} codec on no tokens: pass codec=")
-        return ResidualCodec.train(tokens, corpus_format.RESIDUAL_ENCODINGS[encoding], num_centroids=num_centroids)
-    if num_centroids is not None:
-        raise ValueError(f"maxsim: num_centroids is for residual encodings; a {encoding} codec has 256 a sub-space")
-    if d % m:
-        raise ValueError(f"maxsim: {encoding} needs m={m} to divide d={d}: use one of {_pq_choices(d)}")
-    if total < corpus_format.PQ_CENTROIDS:
-        raise ValueError(f"maxsim: training a {encoding} codec needs at least {corpus_format.PQ_CENTROIDS} tokens "
-                         f"(one per centroid); got {total}: train it on more tokens and pass codec=")
-    return ProductQuantizer.train(tokens, m, progress=progress)
-
-
-def _check_codec_fits(codec, encoding: str, d: int) -> None:
-    if codec.dim != d:
-        raise ValueError(f"maxsim: the tokens have d={d} but the {encoding} codec has d={codec.dim}")
-
-
-def _encode(embeddings: torch.Tensor, encoding, codec=None):
-    """Float ``[T, d]`` -> ``(embeddings or codes, scales or None, residuals or None, codec or None)``
-    in ``encoding`` (None: as they are). A residual / PQ encoding trains a codec on the tokens unless
-    ``codec`` is given; the codes and the codec are on the tokens' device."""
-    if encoding is None:
-        return embeddings, None, None, None
-    if encoding in _QUANTIZED:
-        values, scales = quantize_tokens(embeddings, _QUANTIZED[encoding][0])
-        return values, scales, None, None
-    if not corpus_format.is_compressed(encoding):
-        return embeddings.to(_TORCH_DTYPES[encoding]), None, None, None
-    if codec is None:
-        codec = train_codec(embeddings, encoding)
-    _check_codec_fits(codec, encoding, int(embeddings.shape[1]))
-    if codec.device != embeddings.device:
-        codec = codec.to(embeddings.device)
-    if isinstance(codec, ProductQuantizer):
-        return codec.encode(embeddings), None, None, codec
-    if codec.bucket_cutoffs is None:
-        raise ValueError(f"maxsim: this {encoding} codec has no bucket_cutoffs (one loaded without them decodes "
-                         "but cannot encode): encode with a codec that has them")
-    codes, residuals = codec.encode(embeddings)
-    return codes, None, residuals, codec
-
-
-def _same_codec(a, b) -> bool:
-    """The same codec: the same object, or equal tables (what decoding reads)."""
-    if a is b:
-        return True
-    if type(a) is not type(b) or codec_encoding(a) != codec_encoding(b):
-        return False
-    return corpus_format._same_codec(codec_tables(a), codec_tables(b))
+def _resolve_encoding(encoding, codec) -> Encoding | None:
+    """The Encoding of a constructor: a given codec names its encoding (which ``encoding``, if
+    given, must be); None: the input's float dtype."""
+    if codec is not None:
+        own = encodings.of_codec(codec)
+        if encoding is not None:
+            encodings.encoding(encoding).check_codec(codec)
+        return own
+    return None if encoding is None else encodings.encoding(encoding)
 
 
 def _codec_to(codec, device: torch.device):
@@ -358,7 +260,10 @@ class Corpus:
         offsets = _as_tensor("offsets", offsets).cpu().numpy().astype(np.int64).reshape(-1)
         if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != embeddings.shape[0] or (np.diff(offsets) < 0).any():
             raise ValueError(f"maxsim: offsets must start at 0, never decrease and end at {embeddings.shape[0]}")
-        first, scales, residuals, codec = _encode(embeddings, encoding, codec)
+        if encoding is None:
+            first, scales, residuals = embeddings, None, None
+        else:
+            first, scales, residuals, codec = encoding.encode(embeddings, codec)
         self._segments = [CorpusSegment(first.contiguous(), offsets, 0, scales=scales,
                                         residuals=None if residuals is None else residuals.contiguous())]
         self.codec = codec
@@ -482,30 +387,21 @@ class Corpus:
         return self._segments[0].embeddings.dtype
 
     @property
-    def encoding(self) -> str:
-        """"float16", "bfloat16", "float32", "int8", "fp8", "residual<nbits>" or "pq<m>"."""
+    def encoding(self) -> Encoding:
+        """How the tokens are held (:mod:`maxsim.search.encodings`): an Encoding, which is its name
+        ("float16", "bfloat16", "float32", "int8", "fp8", "residual<nbits>" or "pq<m>") and owns
+        the encoding's layout, codec, decoding and scorer."""
         if self.codec is not None:
-            return codec_encoding(self.codec)
+            return encodings.of_codec(self.codec)
         if self._segments[0].scales is None:
-            return _DTYPE_NAMES[self.dtype]
-        return _VALUE_ENCODINGS[self.dtype]
-
-    @property
-    def is_quantized(self) -> bool:
-        """Whether the tokens are one-byte values with per-token scales (int8 / fp8)."""
-        return self._segments[0].scales is not None
-
-    @property
-    def is_compressed(self) -> bool:
-        """Whether the tokens are codes of the corpus's codec (residual / PQ)."""
-        return self.codec is not None
+            return encodings.of_dtype(self.dtype)
+        return encodings.OneByte("int8" if self.dtype == torch.int8 else "fp8")
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes a token takes in memory, on disk and in a streamed chunk: 4d / 2d (float), d + 4
         (int8 / fp8), d * nbits / 8 + 4 (residual), m (PQ)."""
-        s = self._segments[0]
-        return sum(t.element_size() * int(np.prod(t.shape[1:], dtype=np.int64)) for t in s.parts())
+        return self.encoding.bytes_per_token(self.dim)
 
     @property
     def device(self) -> torch.device:
@@ -534,7 +430,7 @@ class Corpus:
         """``[T, d]`` as stored (a concatenation, i.e. a copy, when there are several segments): the
         one-byte values of an int8 / fp8 corpus (``document`` dequantises). A residual / PQ corpus
         holds codes, not embeddings: see :attr:`codes`, :attr:`residuals` and :meth:`document`."""
-        if self.is_compressed:
+        if self.encoding.has_codec:
             raise TypeError(f"maxsim: {self.name()} holds {self.encoding} codes, not embeddings: corpus.codes "
                             "(and corpus.residuals) hold them, corpus.document(j) decodes a document; to re-encode, "
                             "build a new corpus from the float tokens")
@@ -544,7 +440,7 @@ class Corpus:
     def codes(self) -> torch.Tensor | None:
         """The codes of a residual (``[T]`` int32) or PQ (``[T, m]`` uint8) corpus (a copy when
         there are several segments); None for other encodings."""
-        return self._joined("embeddings") if self.is_compressed else None
+        return self._joined("embeddings") if self.encoding.has_codec else None
 
     @property
     def residuals(self) -> torch.Tensor | None:
@@ -556,7 +452,7 @@ class Corpus:
     def scales(self) -> torch.Tensor | None:
         """``[T]`` fp32 per-token scales of an int8 / fp8 corpus (a copy when there are several
         segments); None for a float corpus."""
-        return self._joined("scales") if self.is_quantized else None
+        return self._joined("scales") if self.encoding.has_scales else None
 
     @property
     def is_mapped(self) -> bool:
@@ -589,13 +485,8 @@ class Corpus:
             if index < s.first_document + s.num_documents:
                 j = index - s.first_document
                 t0, t1 = int(s.offsets[j]), int(s.offsets[j + 1])
-                if isinstance(self.codec, ProductQuantizer):
-                    return self.codec.decode(s.embeddings[t0:t1].to(self.codec.device))
-                if isinstance(self.codec, ResidualCodec):
-                    return self.codec.decode(s.embeddings[t0:t1], s.residuals[t0:t1], dtype=torch.float32)
-                if s.scales is None:
-                    return s.embeddings[t0:t1]
-                return dequantize_tokens(s.embeddings[t0:t1], s.scales[t0:t1])
+                return self.encoding.decode(s.embeddings[t0:t1], None if s.scales is None else s.scales[t0:t1],
+                                            None if s.residuals is None else s.residuals[t0:t1], self.codec)
         raise AssertionError  # pragma: no cover
 
     # -- moving -------------------------------------------------------------------------------
@@ -637,7 +528,7 @@ class Corpus:
         An id already live in this corpus is an error: an update is ``corpus.delete([id])``, then
         the append (a deleted document's id may come back). An appended Corpus brings its own
         deletions."""
-        encoding = self.encoding if (self.is_quantized or self.is_compressed) else None
+        encoding = None if self.encoding.exact else self.encoding  # a float corpus takes its own dtype
         if isinstance(documents, Corpus):
             other = documents
             if ids is not None:
@@ -647,7 +538,7 @@ class Corpus:
             pair = isinstance(documents, tuple) and len(documents) == 2
             if not pair:
                 documents = [_as_tensor("documents", x) for x in documents]
-            if self.is_compressed:  # the codec takes tokens of its d only: say so before encoding
+            if self.encoding.has_codec:  # the codec takes tokens of its d only: say so before encoding
                 dims = {int(_as_tensor("embeddings", documents[0]).shape[-1])} if pair else \
                     {int(x.shape[-1]) for x in documents}
                 if dims and dims != {self.dim}:
@@ -663,13 +554,12 @@ class Corpus:
             other.ids = np.arange(start, start + len(other), dtype=np.int64)
         if other.dim != self.dim:
             raise ValueError(f"maxsim: cannot append d={other.dim} documents to {self.name()} of d={self.dim}")
-        if other.encoding != self.encoding and (self.is_quantized or self.is_compressed or other.is_quantized
-                                                or other.is_compressed):
-            hint = ("encode them with its codec: codec=corpus.codec" if self.is_compressed
+        if other.encoding != self.encoding and not (self.encoding.exact and other.encoding.exact):
+            hint = ("encode them with its codec: codec=corpus.codec" if self.encoding.has_codec
                     else f"build them with encoding={self.encoding!r}")
             raise TypeError(f"maxsim: cannot append {other.encoding} documents to {self.name()} of {self.encoding}: "
                             f"{hint}")
-        if self.is_compressed and not _same_codec(self.codec, other.codec):
+        if self.encoding.has_codec and not self.encoding.same_codec(self.codec, other.codec):
             raise ValueError(f"maxsim: cannot append documents encoded with another codec to {self.name()}: encode "
                              "them with its codec: codec=corpus.codec")
         if other.dtype != self.dtype:
@@ -790,8 +680,8 @@ class Corpus:
             changes.write_new(path, self, overwrite=overwrite)
             return path
         array, lengths, ids, scales, residuals = self._stored()
-        dtype_name = corpus_format.stored_dtype(self.encoding)
-        tables = codec_tables(self.codec) if self.is_compressed else None
+        dtype_name = self.encoding.stored_dtype
+        tables = self.encoding.tables(self.codec) if self.encoding.has_codec else None
         try:
             corpus_format.write_corpus(path, array, lengths, ids, dtype_name, append=append, overwrite=overwrite,
                                        encoding=self.encoding, scales=scales, residuals=residuals, codec=tables)
@@ -837,11 +727,9 @@ class Corpus:
         tombstones = changes.read_tombstones(path, manifest, verify)
         encoding = corpus_format.manifest_encoding(manifest)
         codec = None
-        if corpus_format.is_compressed(encoding):
-            codec = codec_from_tables(encoding, corpus_format.read_codec(path, manifest, verify=verify))
-            dtype = _CODE_DTYPES[manifest["dtype"]]
-        else:
-            dtype = _QUANTIZED[encoding][1] if encoding in _QUANTIZED else _TORCH_DTYPES[encoding]
+        if encoding.has_codec:
+            codec = encoding.codec_from_tables(corpus_format.read_codec(path, manifest, verify=verify))
+        dtype = encoding.torch_dtype
         on_device = device is not None and torch.device(device).type != "cpu"
         segments, first = [], 0
         for s in stored:

@@ -74,6 +74,9 @@ from pathlib import Path
 
 import numpy as np
 
+from maxsim.search import encodings
+from maxsim.search.encodings import Encoding
+
 FORMAT_NAME = "maxsim-corpus"
 # The newest version this code reads; float corpora are still written as version 1, int8 / fp8 as
 # version 2, residual / PQ as version 3, any corpus with deleted documents (tombstones) as version 4,
@@ -85,22 +88,6 @@ _CRC_BLOCK = 16 << 20
 # dtype names of the manifest -> the numpy dtype the .npy file holds.
 STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16, "int8": np.int8,
                  "float8_e4m3fn": np.uint8, "int32": np.int32, "uint8": np.uint8}
-FLOAT_ENCODINGS = ("float16", "bfloat16", "float32")
-# one-byte encodings -> the manifest's dtype of their values
-QUANTIZED_ENCODINGS = {"int8": "int8", "fp8": "float8_e4m3fn"}
-# residual encodings -> nbits ("residual1" and "residual8" are read and written too: colbert-ai and
-# fast-plaid indexes of those widths; the documented choices are 2 and 4 bits)
-RESIDUAL_ENCODINGS = {"residual1": 1, "residual2": 2, "residual4": 4, "residual8": 8}
-# The documented encodings (the index command's --encoding choices): any "pq<m>" with m dividing d
-# is one too (pq32 stands for the family), and residual1 / residual8 are accepted.
-ENCODINGS = FLOAT_ENCODINGS + tuple(QUANTIZED_ENCODINGS) + ("residual2", "residual4", "pq32")
-# The codec tables a residual / PQ corpus stores: (name, required).
-RESIDUAL_CODEC_FILES = (("centroids", True), ("bucket_weights", True), ("bucket_cutoffs", False),
-                        ("avg_residual", False))
-PQ_CODEC_FILES = (("codebooks", True),)
-PQ_CENTROIDS = 256
-
-
 class CorpusFormatError(ValueError):
     """A corpus directory or file that cannot be read: missing, truncated, corrupted, too new."""
 
@@ -120,51 +107,16 @@ class Segment:
     residuals: np.ndarray | None = None
 
 
-def pq_subspaces(encoding) -> int | None:
-    """m of a "pq<m>" encoding name (m >= 1, no leading zero); None for any other name."""
-    if not isinstance(encoding, str) or not encoding.startswith("pq") or not encoding[2:].isdigit():
-        return None
-    digits = encoding[2:]
-    if not digits.isascii() or digits.startswith("0"):
-        return None
-    return int(digits)
-
-
-def is_encoding(encoding) -> bool:
-    """Whether ``encoding`` names an encoding: ENCODINGS, residual1 / residual8, or any "pq<m>"."""
-    return isinstance(encoding, str) and (encoding in FLOAT_ENCODINGS or encoding in QUANTIZED_ENCODINGS
-                                          or encoding in RESIDUAL_ENCODINGS or pq_subspaces(encoding) is not None)
-
-
-def is_compressed(encoding: str) -> bool:
-    """A residual or PQ encoding: codes plus a corpus-level codec."""
-    return encoding in RESIDUAL_ENCODINGS or pq_subspaces(encoding) is not None
-
-
-def stored_dtype(encoding: str) -> str:
-    """The manifest's "dtype" of an encoding: the stored embeddings', values' or codes' dtype."""
-    if encoding in QUANTIZED_ENCODINGS:
-        return QUANTIZED_ENCODINGS[encoding]
-    if encoding in RESIDUAL_ENCODINGS:
-        return "int32"
-    if pq_subspaces(encoding) is not None:
-        return "uint8"
-    return encoding
-
-
-def format_version(encoding: str, tombstones: bool = False) -> int:
+def format_version(encoding, tombstones: bool = False) -> int:
     """The version a corpus of ``encoding`` (with deleted documents or not) is written as: the
     oldest that can hold it."""
-    if tombstones:
-        return TOMBSTONES_FORMAT_VERSION
-    if is_compressed(encoding):
-        return 3
-    return 2 if encoding in QUANTIZED_ENCODINGS else 1
+    return TOMBSTONES_FORMAT_VERSION if tombstones else encodings.encoding(encoding).format_version
 
 
-def manifest_encoding(manifest: dict) -> str:
-    """The encoding of a checked manifest (one without the field: its dtype, a float)."""
-    return manifest.get("encoding", manifest["dtype"])
+def manifest_encoding(manifest: dict) -> Encoding | None:
+    """The Encoding of a manifest (one without the field: its dtype, a float); None when the name
+    means none (read_manifest refuses such a manifest)."""
+    return encodings.parse(manifest.get("encoding", manifest["dtype"]))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -245,33 +197,24 @@ def read_manifest(directory) -> dict:
     if manifest["dtype"] not in STORED_DTYPES:
         raise CorpusFormatError(f"maxsim: corpus manifest {path} has an unknown dtype {manifest['dtype']!r}")
     encoding = manifest_encoding(manifest)
-    if not is_encoding(encoding) or manifest["dtype"] != stored_dtype(encoding) or version < format_version(encoding):
-        raise CorpusFormatError(f"maxsim: corpus manifest {path} has an inconsistent encoding {encoding!r} "
+    if encoding is None or manifest["dtype"] != encoding.stored_dtype or version < encoding.format_version:
+        named = manifest.get("encoding", manifest["dtype"])
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} has an inconsistent encoding {named!r} "
                                 f"(dtype {manifest['dtype']!r}, version {version})")
-    if is_compressed(encoding):
+    if encoding.has_codec:
         _check_codec_entry(path, manifest, encoding)
     return manifest
 
 
-def _check_codec_entry(path: Path, manifest: dict, encoding: str) -> None:
+def _check_codec_entry(path: Path, manifest: dict, encoding: Encoding) -> None:
     """The "codec" entry of a residual / PQ manifest: its kind, parameters and files."""
     codec, dim = manifest.get("codec"), manifest["dim"]
     if not isinstance(codec, dict) or not isinstance(codec.get("files"), dict):
         raise CorpusFormatError(f"maxsim: corpus manifest {path} of {encoding} codes lists no codec")
-    m = pq_subspaces(encoding)
-    if m is None:
-        nbits, count = codec.get("nbits"), codec.get("num_centroids")
-        if (codec.get("kind") != "residual" or nbits != RESIDUAL_ENCODINGS[encoding] or not isinstance(count, int)
-                or count < 1 or not isinstance(dim, int) or dim % 8):
-            raise CorpusFormatError(f"maxsim: corpus manifest {path} has a codec entry that does not fit its "
-                                    f"{encoding} codes of d={dim}")
-        names = RESIDUAL_CODEC_FILES
-    else:
-        if codec.get("kind") != "pq" or codec.get("m") != m or not isinstance(dim, int) or dim % m:
-            raise CorpusFormatError(f"maxsim: corpus manifest {path} has a codec entry that does not fit its "
-                                    f"{encoding} codes of d={dim}")
-        names = PQ_CODEC_FILES
-    for name, required in names:
+    if not encoding.check_codec_entry(codec, dim):
+        raise CorpusFormatError(f"maxsim: corpus manifest {path} has a codec entry that does not fit its "
+                                f"{encoding} codes of d={dim}")
+    for name, required in encoding.codec_files:
         if required and name not in codec["files"]:
             raise CorpusFormatError(f"maxsim: corpus manifest {path} lists no {name} file for its {encoding} codec")
 
@@ -307,17 +250,10 @@ def read_codec(directory, manifest: dict, *, verify: bool = True) -> dict[str, n
     sizes, headers and shapes checked; CRCs with ``verify``); None for other encodings."""
     directory = Path(directory)
     encoding = manifest_encoding(manifest)
-    if not is_compressed(encoding):
+    if not encoding.has_codec:
         return None
-    entry, dim = manifest["codec"], manifest["dim"]
-    m = pq_subspaces(encoding)
-    if m is None:
-        nbits, count = entry["nbits"], entry["num_centroids"]
-        shapes = {"centroids": (count, dim), "bucket_weights": (1 << nbits,), "bucket_cutoffs": ((1 << nbits) - 1,),
-                  "avg_residual": None}
-        dtypes = {"centroids": (np.float16, np.float32)}
-    else:
-        shapes, dtypes = {"codebooks": (m, PQ_CENTROIDS, dim // m)}, {}
+    shapes = encoding.table_shapes(manifest["codec"], manifest["dim"])  # {name: (shape or None, dtypes)}
+    entry = manifest["codec"]
     tables = {}
     for name, file in entry["files"].items():
         if name not in shapes:
@@ -328,8 +264,7 @@ def read_codec(directory, manifest: dict, *, verify: bool = True) -> dict[str, n
             array = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as err:
             raise CorpusFormatError(f"maxsim: corpus file {path} cannot be read as .npy: {err}") from None
-        allowed = dtypes.get(name, (np.float32,))
-        shape = shapes[name]
+        shape, allowed = shapes[name]
         if array.dtype not in [np.dtype(t) for t in allowed] or (shape is not None and tuple(array.shape) != shape):
             want = " or ".join(str(np.dtype(t)) for t in allowed)
             raise CorpusFormatError(f"maxsim: corpus file {path} holds {array.dtype} {list(array.shape)}; the "
@@ -345,15 +280,8 @@ def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[d
     manifest = read_manifest(directory)
     dim, stored = manifest["dim"], STORED_DTYPES[manifest["dtype"]]
     encoding = manifest_encoding(manifest)
-    quantized = encoding in QUANTIZED_ENCODINGS
-    residual = encoding in RESIDUAL_ENCODINGS
-    m = pq_subspaces(encoding)
-    if residual:
-        main, shape_of = "codes", (lambda t: (t,))
-    elif m is not None:
-        main, shape_of = "codes", (lambda t: (t, m))
-    else:
-        main, shape_of = "embeddings", (lambda t: (t, dim))
+    quantized, residual = encoding.has_scales, encoding.has_residuals
+    main, row = encoding.main_part, encoding.row_shape(dim)
     segments = []
     total_docs = total_tokens = 0
     for number, entry in enumerate(manifest["segments"]):
@@ -367,12 +295,12 @@ def open_corpus(directory, *, mmap: bool = True, verify: bool = True) -> tuple[d
         emb_path = _check_file(directory, files[main], verify)
         len_path = _check_file(directory, files["lengths"], verify)
         ids_path = _check_file(directory, files["ids"], verify)
-        embeddings = _load_npy(emb_path, mmap, stored, shape_of(t))
+        embeddings = _load_npy(emb_path, mmap, stored, (t,) + row)
         scales = residuals = None
         if quantized:
             scales = _load_npy(_check_file(directory, files["scales"], verify), mmap, np.float32, (t,))
         if residual:
-            packed = dim * RESIDUAL_ENCODINGS[encoding] // 8
+            packed = encoding.residual_bytes(dim)
             residuals = _load_npy(_check_file(directory, files["residuals"], verify), mmap, np.uint8, (t, packed))
         lengths = _load_npy(len_path, False, np.int64, (n,))
         if (lengths < 0).any() or int(lengths.sum()) != t:
@@ -442,39 +370,10 @@ def _write_segment(directory: Path, number: int, embeddings: np.ndarray, lengths
     return {"num_documents": int(len(lengths)), "num_tokens": int(embeddings.shape[0]), "files": files}
 
 
-def _codec_entry(encoding: str, tables: dict) -> dict:
-    """The manifest's "codec" entry of ``tables`` (without its files)."""
-    m = pq_subspaces(encoding)
-    if m is not None:
-        return {"kind": "pq", "m": m}
-    return {"kind": "residual", "nbits": RESIDUAL_ENCODINGS[encoding],
-            "num_centroids": int(tables["centroids"].shape[0])}
-
-
-def _check_tables(encoding: str, tables, dim: int) -> None:
-    """The codec tables given to write_corpus: the names and shapes its encoding stores."""
-    if not isinstance(tables, dict):
-        raise ValueError(f"maxsim: a {encoding} corpus needs its codec's tables")
-    names = PQ_CODEC_FILES if pq_subspaces(encoding) is not None else RESIDUAL_CODEC_FILES
-    known = {name for name, _ in names}
-    for name, required in names:
-        if required and name not in tables:
-            raise ValueError(f"maxsim: the {encoding} codec's tables lack {name!r}")
-    for name in tables:
-        if name not in known:
-            raise ValueError(f"maxsim: the {encoding} codec has no table {name!r}")
-    m = pq_subspaces(encoding)
-    if m is not None:
-        if dim % m or tuple(tables["codebooks"].shape) != (m, PQ_CENTROIDS, dim // m):
-            raise ValueError(f"maxsim: {encoding} codebooks must be [{m}, {PQ_CENTROIDS}, d / {m}] for d={dim}")
-    elif tables["centroids"].ndim != 2 or tables["centroids"].shape[1] != dim:
-        raise ValueError(f"maxsim: {encoding} centroids must be [C, {dim}]")
-
-
-def _write_codec(directory: Path, encoding: str, tables: dict) -> dict:
+def _write_codec(directory: Path, encoding: Encoding, tables: dict) -> dict:
     """Write the codec tables under a fresh tag -> the manifest's "codec" entry."""
     tag = secrets.token_hex(4)
-    entry = _codec_entry(encoding, tables)
+    entry = encoding.codec_entry(tables)
     files = {}
     for name, array in tables.items():
         path = directory / f"codec-{tag}.{name}.npy"
@@ -482,19 +381,6 @@ def _write_codec(directory: Path, encoding: str, tables: dict) -> dict:
         files[name] = _describe(path)
     entry["files"] = files
     return entry
-
-
-def _same_codec(stored: dict, given: dict) -> bool:
-    """The tables decoding reads (centroids and bucket weights, or codebooks) are equal, dtype and
-    bits."""
-    for name in ("centroids", "bucket_weights", "codebooks"):
-        if (name in stored) != (name in given):
-            return False
-        if name in stored:
-            a, b = stored[name], np.asarray(given[name])
-            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
-                return False
-    return True
 
 
 def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dtype_name: str, *,
@@ -515,27 +401,27 @@ def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dt
     the new manifest is committed).
     """
     directory = Path(directory)
-    encoding = dtype_name if encoding is None else encoding
-    if not is_encoding(encoding) or stored_dtype(encoding) != dtype_name:
-        raise ValueError(f"maxsim: encoding {encoding!r} does not hold {dtype_name} embeddings")
-    if (scales is not None) != (encoding in QUANTIZED_ENCODINGS):
+    named = dtype_name if encoding is None else encoding
+    encoding = encodings.parse(named)
+    if encoding is None or encoding.stored_dtype != dtype_name:
+        raise ValueError(f"maxsim: encoding {named!r} does not hold {dtype_name} embeddings")
+    if (scales is not None) != encoding.has_scales:
         raise ValueError(f"maxsim: a {encoding} corpus {'needs' if scales is None else 'takes no'} per-token scales")
-    if (residuals is not None) != (encoding in RESIDUAL_ENCODINGS):
+    if (residuals is not None) != encoding.has_residuals:
         raise ValueError(f"maxsim: a {encoding} corpus {'needs' if residuals is None else 'takes no'} residuals")
-    compressed = is_compressed(encoding)
+    compressed = encoding.has_codec
     if (codec is not None) != compressed:
         raise ValueError(f"maxsim: a {encoding} corpus {'needs' if codec is None else 'takes no'} codec tables")
     id_type = "int" if isinstance(ids, np.ndarray) else "str"
     if compressed:
-        dim = int(codec["codebooks"].shape[0] * codec["codebooks"].shape[2]) if "codebooks" in codec \
-            else int(codec["centroids"].shape[1])
-        _check_tables(encoding, codec, dim)
-        m = pq_subspaces(encoding)
-        want = (embeddings.shape[0],) if m is None else (embeddings.shape[0], m)
+        encoding.check_table_names(codec)  # names first: the dim comes from a table
+        dim = encoding.codec_dim(codec)
+        encoding.check_tables(codec, dim)
+        want = (embeddings.shape[0],) + encoding.row_shape(dim)
         if embeddings.dtype != np.dtype(STORED_DTYPES[dtype_name]) or tuple(embeddings.shape) != want:
             raise ValueError(f"maxsim: {encoding} codes must be {np.dtype(STORED_DTYPES[dtype_name])} {list(want)}; "
                              f"got {embeddings.dtype} {list(embeddings.shape)}")
-        packed = None if m is not None else dim * RESIDUAL_ENCODINGS[encoding] // 8
+        packed = encoding.residual_bytes(dim)
         if residuals is not None and tuple(residuals.shape) != (embeddings.shape[0], packed):
             raise ValueError(f"maxsim: {encoding} residuals must be [{embeddings.shape[0]}, {packed}]; "
                              f"got {list(residuals.shape)}")
@@ -549,13 +435,13 @@ def write_corpus(directory, embeddings: np.ndarray, lengths: np.ndarray, ids, dt
         if manifest["dim"] != dim:
             raise ValueError(f"maxsim: cannot append d={dim} embeddings to corpus {where} of d={manifest['dim']}")
         if stored != encoding:
-            if is_compressed(stored):
+            if stored.has_codec:
                 raise TypeError(f"maxsim: cannot append {encoding} embeddings to corpus {where} of {stored}: encode "
                                 f"the documents with its codec: Corpus.from_list(docs, ids, "
                                 f"codec=Corpus.load({str(directory)!r}).codec)")
             raise TypeError(f"maxsim: cannot append {encoding} embeddings to corpus {where} of "
                             f"{stored}: build the documents with encoding={stored!r}")
-        if compressed and not _same_codec(read_codec(directory, manifest, verify=True), codec):
+        if compressed and not encodings.same_tables(read_codec(directory, manifest, verify=True), codec):
             raise ValueError(f"maxsim: cannot append {encoding} codes of another codec to corpus {where}: encode "
                              f"the documents with its codec: Corpus.from_list(docs, ids, "
                              f"codec=Corpus.load({str(directory)!r}).codec)")

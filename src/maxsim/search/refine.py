@@ -31,7 +31,7 @@ def check_refine(corpus, refine, refine_factor) -> int:
     if isinstance(refine_factor, bool) or not isinstance(refine_factor, int) or not 1 <= refine_factor <= MAX_REFINE_FACTOR:
         raise ValueError(f"maxsim: refine_factor must be an int in [1, {MAX_REFINE_FACTOR}] (candidates kept per "
                          f"result: k * refine_factor); got {refine_factor!r}")
-    if refine.is_compressed:
+    if refine.encoding.has_codec:
         raise ValueError(f"maxsim: the refine corpus holds {refine.encoding} codes; refine from float16, bfloat16, "
                          "float32, int8 or fp8 tokens")
     if len(refine) != len(corpus) or refine.base_index != corpus.base_index:
@@ -78,7 +78,7 @@ def rerank(corpus, Q, candidates, k, *, q_mask=None, device=None):
     from maxsim.search.stream import choose_device
     from maxsim.varlen.queries import packed_queries
 
-    if corpus.is_compressed:
+    if corpus.encoding.has_codec:
         raise ValueError(f"maxsim: {corpus.name()} holds {corpus.encoding} codes; rerank scores float16, bfloat16, "
                          "float32, int8 or fp8 tokens (search a compressed corpus with refine= instead)")
     k = check_k(k)

@@ -38,10 +38,7 @@ import numpy as np
 import torch
 
 from maxsim._progress import progress_bar
-from maxsim.compressed.quantized import prepare_queries
-from maxsim.search.topk import (MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents,
-                                chunk_offsets, score_packed_chunk, score_quantized_chunk)
-from maxsim.varlen.packing import packed_to_padded
+from maxsim.search.topk import MAX_DOCUMENTS, SCRATCH_BYTES_PER_SCORE, RunningTopK, check_k, choose_chunk_documents
 from maxsim.varlen.queries import packed_queries
 
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -149,19 +146,17 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     if isinstance(Q, np.ndarray):
         Q = torch.from_numpy(Q)
     q, cu_q, cu_q_host, max_q = packed_queries(Q, q_mask)
-    quantized = corpus.is_quantized
-    compressed = corpus.is_compressed
-    if (quantized or compressed) and q.dtype not in _QUERY_DTYPES:
-        raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} of {corpus.encoding} tokens takes "
-                        "float16, bfloat16 or float32 queries")
-    if not (quantized or compressed) and q.dtype != corpus.dtype:
-        if q.dtype not in _QUERY_DTYPES:
-            raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} holds {corpus.dtype}: pass "
-                            "float16, bfloat16 or float32 queries")
+    encoding = corpus.encoding
+    wanted = encoding.scoring_dtype()  # a float corpus's own dtype; None: queries as they are
+    if q.dtype not in _QUERY_DTYPES:
+        held = f"holds {corpus.dtype}" if wanted is not None else f"of {encoding} tokens takes"
+        raise TypeError(f"maxsim: the queries are {q.dtype} but {corpus.name()} {held}"
+                        f"{': pass' if wanted is not None else ''} float16, bfloat16 or float32 queries")
+    if wanted is not None and q.dtype != wanted:
         # an encoder's fp32 output against an fp16 corpus: scored in the corpus's dtype, said once a place
         warnings.warn(f"maxsim: {str(q.dtype).replace('torch.', '')} queries converted to the "
-                      f"{str(corpus.dtype).replace('torch.', '')} of {corpus.name()}", QueryDtypeWarning, stacklevel=3)
-        q = q.to(corpus.dtype)
+                      f"{str(wanted).replace('torch.', '')} of {corpus.name()}", QueryDtypeWarning, stacklevel=3)
+        q = q.to(wanted)
     if q.shape[1] != corpus.dim:
         raise ValueError(f"maxsim: the queries have d={q.shape[1]} but {corpus.name()} has d={corpus.dim}")
     if corpus.base_index + len(corpus) >= MAX_DOCUMENTS:
@@ -174,9 +169,9 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     # bytes a token takes in a chunk buffer: its embedding, its one-byte values and fp32 scale, or its codes
     # (and residual bytes)
     token_bytes = corpus.bytes_per_token
-    codec = None
-    if compressed:  # once per search, not once per chunk
-        codec = corpus.codec if corpus.codec.device == device else corpus.codec.to(device)
+    codec = corpus.codec
+    if codec is not None and codec.device != device:  # once per search, not once per chunk
+        codec = codec.to(device)
     plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), token_bytes,
                  corpus.num_tokens / max(len(corpus), 1), streamed, batch_size)
     batches = []  # (q_batch, cu_batch, max_q of batch, queries of the batch as [L_i, d] views, RunningTopK)
@@ -185,22 +180,9 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         t0, t1 = int(cu_q_host[b0]), int(cu_q_host[b1])
         cu_b = torch.from_numpy(cu_q_host[b0:b1 + 1] - t0).to(device)
         max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
-        # maxsim_quantized_varlen takes queries as a list (it packs them itself); the residual and PQ
-        # scorers take them padded, with a mask
-        views = None
-        if quantized:  # the stream kernel's form (query bytes quantised once), else a list of views
-            views = prepare_queries(q[t0:t1], cu_b, max_b, corpus.segments[0].embeddings.dtype)
-            if views is None:
-                views = [q[int(a):int(b)] for a, b in zip(cu_q_host[b0:b1], cu_q_host[b0 + 1:b1 + 1])]
-        if compressed:  # (Q, q_mask, the look-up scorer's choice or None)
-            Q_b, mask_b = _padded_queries(q[t0:t1], cu_b, max_b)
-            choice = None
-            if corpus.segments[0].residuals is not None and not streamed:
-                # a resident residual corpus: the look-up scorer on its layout where it runs
-                from maxsim.compressed.scoring import lookup_scorer
-
-                choice = lookup_scorer(Q_b, mask_b, codec)
-            views = (Q_b, mask_b, None if isinstance(choice, str) else choice)
+        # the encoding's form of the batch, built once a search
+        views = encoding.query_batch(q[t0:t1], cu_b, max_b, cu_q_host[b0:b1 + 1] - t0, codec=codec,
+                                     resident=not streamed)
         batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
 
     # The work: (segment, start, stop) chunks of every segment.
@@ -225,21 +207,8 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
             columns = torch.arange(columns, columns + stop - start, device=device)
             columns = columns.masked_fill_(~allowed[first:first + stop - start], -1)[None]  # [1, c]
         for q_b, cu_b, max_b, views, top in batches:
-            if quantized:
-                segment.check_scales()
-                scores = score_quantized_chunk(views, chunk[0], chunk[1], segment.offsets, start, stop, token_base,
-                                               cu_d=segment.offsets_on(device), max_d=segment.longest)
-            elif compressed and views[2] is not None and segment.embeddings.device == device:
-                from maxsim.compressed.scoring import lookup_scores
-
-                layout = segment.lookup_layout(codec, device)
-                scores = lookup_scores(views[0], views[1], layout, codec, views[2], docs=(start, stop))
-            elif compressed:
-                scores = score_compressed_chunk(views[:2], chunk, codec, segment.offsets, start, stop, token_base,
-                                                cu_d=segment.offsets_on(device), max_d=segment.longest)
-            else:
-                scores = score_packed_chunk(q_b, cu_b, max_b, chunk[0], segment.offsets, start, stop, token_base,
-                                            cu_d=segment.offsets_on(device), max_d=segment.longest)
+            scores = encoding.score_chunk(views, (q_b, cu_b, max_b), chunk, segment, start, stop, token_base,
+                                          device=device, codec=codec)
             top.update(scores, columns if allowed is None else columns.expand(scores.shape[0], -1))
 
     try:
@@ -271,34 +240,6 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     if squeeze:
         return scores[0], indices[0]
     return scores, indices
-
-
-def _padded_queries(q: torch.Tensor, cu: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A batch's packed queries ``q [t, d]`` (offsets ``cu``) -> ``(Q [n, longest, d], q_mask [n,
-    longest] or None when every token is real)``: the residual and PQ scorers' form."""
-    Q, mask = packed_to_padded(q, cu, longest)
-    return Q, (None if bool(mask.all()) else mask)
-
-
-def score_compressed_chunk(queries, chunk, codec, cu_d_host: np.ndarray, start: int, stop: int, token_base: int = 0,
-                           *, cu_d: torch.Tensor, max_d: int) -> torch.Tensor:
-    """Scores ``[Nq, stop - start]`` fp32 of documents ``start:stop`` of a residual or PQ corpus:
-    ``queries`` ``(Q [Nq, Lq, d], q_mask or None)``; ``chunk`` ``(codes [t], residuals [t, P])``
-    (residual) or ``(codes [t, m],)`` (PQ) whose rows ``cu_d_host[start] - token_base ...`` are the
-    chunk's tokens; ``codec`` the corpus's ResidualCodec / ProductQuantizer (on the scoring
-    device). ``maxsim_residual_varlen`` (normalised decode, as PLAID) or ``maxsim_pq_varlen``
-    scores them. ``cu_d``: the offsets on the scoring device (the scorers check them there, no
-    copy a call), ``max_d`` a bound on the documents' lengths."""
-    from maxsim.compressed import ProductQuantizer, maxsim_pq_varlen, maxsim_residual_varlen
-
-    Q, q_mask = queries
-    t0, t1 = int(cu_d_host[start]), int(cu_d_host[stop])
-    cu = chunk_offsets(cu_d, start, stop, t0)
-    rows = slice(t0 - token_base, t1 - token_base)
-    if isinstance(codec, ProductQuantizer):
-        return maxsim_pq_varlen(Q, chunk[0][rows], cu, codec, q_mask=q_mask)  # [Nq, c]
-    return maxsim_residual_varlen(Q, chunk[0][rows], chunk[1][rows], cu, codec, max_seqlen_d=max_d,
-                                  q_mask=q_mask)  # [Nq, c]
 
 
 def _is_pinned(segment) -> bool:

@@ -241,7 +241,7 @@ class Service:
         returns the live document count."""
         with self.lock:
             corpus = self.corpus
-            if not (corpus.is_quantized or corpus.is_compressed):
+            if corpus.encoding.exact:  # a float corpus stores its own dtype; the others encode floats
                 documents = [d.to(corpus.dtype) for d in documents]
             try:  # (append checks everything before it changes the corpus)
                 corpus.append(documents, ids=ids if isinstance(corpus.ids, list) else np.asarray(ids, dtype=np.int64))

@@ -213,7 +213,7 @@ VARLEN_FORWARD_SM90 = (
 # documents they belong to; waves = programs per multiprocessor (documents vary in length, so
 # many small runs balance the tail). Few warps: each document's max and sum reduce across the
 # warps that hold the query rows, once per document.
-_STREAM_RECORD = "BENCHMARKS.md, Exhaustive scoring of short documents (benchmarks/stream_bench.py, 2026-12-01)"
+_STREAM_RECORD = "BENCHMARKS.md, Exhaustive scoring of short packed documents (benchmarks/stream_bench.py, 2026-12-01)"
 # The stream kernel keeps its query block (BM rows x d) in shared memory: wider rows take fewer
 # stacked rows a program (tests/compile_check.py compiles the tile this table gives at every width
 # up to the stream spec's max_dims; past those the per-document kernel runs).
