@@ -136,15 +136,15 @@ def test_padded_with_lengths_junk_padding_and_2d_query(monkeypatch, dtype):
     doc_lengths = torch.tensor(lengths, device=KERNEL_DEVICE)
     Q = torch.nn.functional.normalize(torch.randn(2, 6, codec.dim, device=KERNEL_DEVICE), dim=-1).to(dtype)
     q_mask = torch.rand(2, 6, device=KERNEL_DEVICE) > 0.4
-    got = maxsim_residual(Q, padded_codes, padded_res, codec, doc_lengths, q_mask=q_mask)
-    expected = _chunked(monkeypatch, maxsim_residual, Q, padded_codes, padded_res, codec, doc_lengths,
+    got = maxsim_residual(Q, padded_codes, padded_res, codec, d_lengths=doc_lengths, q_mask=q_mask)
+    expected = _chunked(monkeypatch, maxsim_residual, Q, padded_codes, padded_res, codec, d_lengths=doc_lengths,
                         q_mask=q_mask)
     torch.testing.assert_close(got, expected, **_tolerance(dtype, True))
     # padded documents take the chunked path, packed ones the stream kernel: the same scores up to
     # the decode dtype's rounding of each normalised token (which the kernel does not round)
     varlen = maxsim_residual_varlen(Q, codes, residuals, cu, codec, q_mask=q_mask)
     torch.testing.assert_close(got, varlen, **_tolerance(dtype, True))
-    single = maxsim_residual(Q[1], padded_codes, padded_res, codec, doc_lengths)
+    single = maxsim_residual(Q[1], padded_codes, padded_res, codec, d_lengths=doc_lengths)
     assert single.shape == (5,)
     torch.testing.assert_close(single, maxsim_residual_varlen(Q[1:], codes, residuals, cu, codec)[0],
                                **_tolerance(dtype, True))
@@ -210,9 +210,9 @@ def test_padded_gradients_for_2d_query(monkeypatch):
     codes, residuals = codes.reshape(3, 10), residuals.reshape(3, 10, -1)
     lengths = torch.tensor([10, 4, 0], device=KERNEL_DEVICE)
     Q = torch.randn(6, codec.dim, device=KERNEL_DEVICE, requires_grad=True)
-    maxsim_residual(Q, codes, residuals, codec, lengths).sum().backward()
+    maxsim_residual(Q, codes, residuals, codec, d_lengths=lengths).sum().backward()
     Q_ref = Q.detach().clone().requires_grad_(True)
-    _chunked(monkeypatch, maxsim_residual, Q_ref, codes, residuals, codec, lengths).sum().backward()
+    _chunked(monkeypatch, maxsim_residual, Q_ref, codes, residuals, codec, d_lengths=lengths).sum().backward()
     torch.testing.assert_close(Q.grad, Q_ref.grad, atol=2e-5, rtol=2e-5)
 
 

@@ -207,7 +207,7 @@ def test_padded_scores_match_maxsim_on_the_decoded_corpus(chunk_documents, q_dty
     Q = torch.randn(3, 6, 16).to(q_dtype)
     q_mask = torch.rand(3, 6) > 0.3
     q_mask[2] = False
-    got = maxsim_pq(Q, codes, pq, doc_lengths, q_mask=q_mask, chunk_documents=chunk_documents)
+    got = maxsim_pq(Q, codes, pq, d_lengths=doc_lengths, q_mask=q_mask, chunk_documents=chunk_documents)
     assert got.shape == (3, 7) and got.dtype == torch.float32
     D = pq.decode(codes)  # [Nd, Ld, d], padding decoded too and masked out
     expected = maxsim.maxsim(Q.float(), D, q_mask, d_mask)
@@ -222,7 +222,7 @@ def test_integer_codes_and_junk_padding(codes_dtype):
     lengths = [5, 2, 0, 6]
     codes, doc_lengths, d_mask, docs = _padded_corpus(pq, lengths, 6, codes_dtype, junk_padding=True)
     Q = torch.randn(2, 4, 6)
-    got = maxsim_pq(Q, codes, pq, doc_lengths)
+    got = maxsim_pq(Q, codes, pq, d_lengths=doc_lengths)
     torch.testing.assert_close(got, loop_maxsim(Q, docs), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="codes"):  # all tokens real: the junk is read
         maxsim_pq(Q, codes, pq)
@@ -289,9 +289,9 @@ def test_two_d_query_and_small_scratch_budget(monkeypatch):
     lengths = [4, 11, 0, 7, 2, 2, 9]
     codes, doc_lengths, _, docs = _padded_corpus(pq, lengths, 11)
     Q = torch.randn(5, 4, 12)
-    got = maxsim_pq(Q, codes, pq, doc_lengths)
+    got = maxsim_pq(Q, codes, pq, d_lengths=doc_lengths)
     torch.testing.assert_close(got, loop_maxsim(Q, docs), atol=1e-4, rtol=1e-4)
-    single = maxsim_pq(Q[2], codes, pq, doc_lengths)
+    single = maxsim_pq(Q[2], codes, pq, d_lengths=doc_lengths)
     assert single.shape == (7,)
     torch.testing.assert_close(single, got[2], atol=1e-5, rtol=1e-5)
     packed = torch.cat([codes[j, :n] for j, n in enumerate(lengths)])
@@ -321,7 +321,7 @@ def test_gradients_for_q_match_autograd_of_the_decoded_oracle(layout):
     q_mask = torch.rand(3, 5) > 0.3
     weights = torch.randn(3, 5)  # a non-uniform upstream gradient
     if layout == "padded":
-        scores = maxsim_pq(Q, codes, pq, doc_lengths, q_mask=q_mask, chunk_documents=2)
+        scores = maxsim_pq(Q, codes, pq, d_lengths=doc_lengths, q_mask=q_mask, chunk_documents=2)
     else:
         cu = torch.zeros(6, dtype=torch.int64)
         cu[1:] = torch.cumsum(doc_lengths, 0)
@@ -482,12 +482,12 @@ def test_bad_scoring_input():
             maxsim_pq(Q, bad, pq)
     with pytest.raises(ValueError, match="codes"):
         maxsim_pq(Q, torch.zeros(3, 5, 4, dtype=torch.uint8, device="meta"), pq)
-    with pytest.raises(ValueError, match="doc_lengths"):
-        maxsim_pq(Q, codes, pq, torch.tensor([1, 2, 6]))
-    with pytest.raises(ValueError, match="doc_lengths"):
-        maxsim_pq(Q, codes, pq, torch.tensor([1.0, 2.0, 3.0]))
-    with pytest.raises(ValueError, match="doc_lengths"):
-        maxsim_pq(Q, codes, pq, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="d_lengths"):
+        maxsim_pq(Q, codes, pq, d_lengths=torch.tensor([1, 2, 6]))
+    with pytest.raises(ValueError, match="d_lengths"):
+        maxsim_pq(Q, codes, pq, d_lengths=torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="d_lengths"):
+        maxsim_pq(Q, codes, pq, d_lengths=torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="q_mask"):
         maxsim_pq(Q, codes, pq, q_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="q_mask"):

@@ -166,7 +166,7 @@ def test_padded_scores_match_the_dequantised_oracle(format, mask_mode, normalize
     Q = torch.randn(4, 6, 32)
     q_mask = torch.rand(4, 6) > 0.25
     q_mask[3] = False  # a query with no real token
-    got = maxsim_quantized(Q, values, scales, d_mask, q_mask, mask_mode=mask_mode, normalize=normalize,
+    got = maxsim_quantized(Q, values, scales, d_mask=d_mask, q_mask=q_mask, mask_mode=mask_mode, normalize=normalize,
                            chunk_documents=4)
     D = dequantize_tokens(values, scales)
     expected = _oracle(Q, D, q_mask, d_mask, mask_mode, normalize)
@@ -209,12 +209,12 @@ def test_padded_chunking_invariance(monkeypatch):
     values, scales = quantize_tokens(_tokens(23, 11, 24), "fp8_e4m3")
     d_mask = torch.rand(23, 11) > 0.2
     Q = torch.randn(3, 7, 24)
-    whole = maxsim_quantized(Q, values, scales, d_mask, chunk_documents=23)
+    whole = maxsim_quantized(Q, values, scales, d_mask=d_mask, chunk_documents=23)
     for chunk in (1, 2, 5, 7, 22, 100):
-        torch.testing.assert_close(maxsim_quantized(Q, values, scales, d_mask, chunk_documents=chunk), whole,
+        torch.testing.assert_close(maxsim_quantized(Q, values, scales, d_mask=d_mask, chunk_documents=chunk), whole,
                                    rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(quantized, "DEFAULT_CHUNK_BYTES", 3 * 11 * 24 * 4)  # three documents a chunk
-    torch.testing.assert_close(maxsim_quantized(Q, values, scales, d_mask), whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(maxsim_quantized(Q, values, scales, d_mask=d_mask), whole, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("mask_mode", ["exclude", "multiply"])
@@ -227,7 +227,7 @@ def test_padded_gradients_for_q_match_the_oracle(mask_mode, normalize):
     q_mask = torch.rand(3, 4) > 0.2
     Q = torch.randn(3, 4, 16, requires_grad=True)
     weights = torch.randn(3, 8)  # a loss that weighs every score differently
-    (maxsim_quantized(Q, values, scales, d_mask, q_mask, mask_mode=mask_mode, normalize=normalize,
+    (maxsim_quantized(Q, values, scales, d_mask=d_mask, q_mask=q_mask, mask_mode=mask_mode, normalize=normalize,
                       chunk_documents=3) * weights).sum().backward()
     Q_ref = Q.detach().double().requires_grad_(True)
     D = dequantize_tokens(values, scales.detach(), torch.float64)
@@ -288,7 +288,7 @@ def test_varlen_chunking_invariance(monkeypatch):
     for j, n in enumerate(lengths):
         padded_values[j, :n], padded_scales[j, :n] = values[cu[j]:cu[j + 1]], scales[cu[j]:cu[j + 1]]
         d_mask[j, :n] = True
-    torch.testing.assert_close(maxsim_quantized(Q, padded_values, padded_scales, d_mask), whole, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(maxsim_quantized(Q, padded_values, padded_scales, d_mask=d_mask), whole, rtol=1e-4, atol=1e-4)
 
 
 def test_varlen_gradients_for_q_match_the_oracle():
@@ -373,7 +373,7 @@ def test_through_the_triton_kernels(format, monkeypatch):
     assert torch.all((Q.grad.cpu().double() - Q_ref.grad).abs() <= _half_grad_bound(Q_ref, D, d_mask, weights))
     padded_values, _ = maxsim.pad([values[cu[j]:cu[j + 1]].view(torch.int8) for j in range(len(lengths))])
     padded_scales, _ = maxsim.pad([scales[cu[j]:cu[j + 1], None] for j in range(len(lengths))])
-    padded = maxsim_quantized(Q.detach(), padded_values.view(values.dtype), padded_scales[..., 0], d_mask, q_mask,
+    padded = maxsim_quantized(Q.detach(), padded_values.view(values.dtype), padded_scales[..., 0], d_mask=d_mask, q_mask=q_mask,
                               mask_mode="multiply", chunk_documents=3)  # the corpus on the host, Q maybe not
     torch.testing.assert_close(padded.cpu().double(), _oracle(Q_host, D, q_mask, d_mask, "multiply"),
                                rtol=1e-3, atol=1e-3)
@@ -446,11 +446,11 @@ def test_scoring_bad_input():
     with pytest.raises(TypeError, match="Q must"):
         maxsim_quantized(Q.double(), values, scales)
     with pytest.raises(ValueError, match="d_mask"):
-        maxsim_quantized(Q, values, scales, torch.ones(4, 6, dtype=torch.bool))
+        maxsim_quantized(Q, values, scales, d_mask=torch.ones(4, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="q_mask"):
         maxsim_quantized(Q, values, scales, q_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="d_mask"):
-        maxsim_quantized(Q, values, scales, torch.full((4, 5), 3.0))
+        maxsim_quantized(Q, values, scales, d_mask=torch.full((4, 5), 3.0))
     with pytest.raises(ValueError, match="mask_mode"):
         maxsim_quantized(Q, values, scales, mask_mode="max")
     with pytest.raises(TypeError, match="normalize"):
@@ -512,7 +512,7 @@ def test_gpu_real_shapes(format, dtype):
     padded_values, _ = maxsim.packed_to_padded(values.view(torch.int8), cu, int(lengths.max()))
     padded_values = padded_values.view(values.dtype)
     padded_scales, _ = maxsim.packed_to_padded(scales[:, None], cu, int(lengths.max()))
-    got = maxsim_quantized(Q, padded_values, padded_scales[..., 0], d_mask)
+    got = maxsim_quantized(Q, padded_values, padded_scales[..., 0], d_mask=d_mask)
     torch.testing.assert_close(got, expected, **tolerance)
 
 

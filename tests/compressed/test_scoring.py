@@ -55,13 +55,13 @@ def test_padded_matches_varlen_with_lengths_masks_and_junk_padding():
     Q = torch.randn(2, 6, codec.dim)
     q_mask = torch.rand(2, 6) > 0.3
     q_mask[1] = False
-    got = maxsim_residual(Q, padded_codes, padded_res, codec, torch.tensor(lengths), q_mask=q_mask)
+    got = maxsim_residual(Q, padded_codes, padded_res, codec, d_lengths=torch.tensor(lengths), q_mask=q_mask)
     decoded = codec.decode(codes, residuals, dtype=torch.float32)
     expected = loop_maxsim(Q, [decoded[cu[j]:cu[j + 1]] for j in range(4)], q_mask)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     varlen = maxsim_residual_varlen(Q, codes, residuals, cu, codec, q_mask=q_mask)
     torch.testing.assert_close(varlen, expected, atol=1e-4, rtol=1e-4)
-    single = maxsim_residual(Q[0], padded_codes, padded_res, codec, torch.tensor(lengths))
+    single = maxsim_residual(Q[0], padded_codes, padded_res, codec, d_lengths=torch.tensor(lengths))
     assert single.shape == (4,)
     torch.testing.assert_close(single, loop_maxsim(Q[:1], [decoded[cu[j]:cu[j + 1]] for j in range(4)])[0],
                                atol=1e-4, rtol=1e-4)
@@ -95,7 +95,7 @@ def test_gradients_for_q_flow_through():
     padded_res = torch.zeros(3, 8, codec.packed_dim, dtype=torch.uint8)
     for j, n in enumerate(lengths):
         padded_codes[j, :n], padded_res[j, :n] = codes[cu[j]:cu[j + 1]], residuals[cu[j]:cu[j + 1]]
-    maxsim_residual(Q, padded_codes, padded_res, codec, torch.tensor(lengths)).sum().backward()
+    maxsim_residual(Q, padded_codes, padded_res, codec, d_lengths=torch.tensor(lengths)).sum().backward()
     torch.testing.assert_close(Q.grad, Q_ref.grad)
 
 
@@ -144,8 +144,8 @@ def test_bad_inputs():
         maxsim_residual_varlen(Q, codes, residuals, cu, codec, decode_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="q_mask"):
         maxsim_residual_varlen(Q, codes, residuals, cu, codec, q_mask=torch.ones(1, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="doc_lengths"):
-        maxsim_residual(Q, codes.reshape(1, 5), residuals.reshape(1, 5, -1), codec, torch.tensor([6]))
+    with pytest.raises(ValueError, match="d_lengths"):
+        maxsim_residual(Q, codes.reshape(1, 5), residuals.reshape(1, 5, -1), codec, d_lengths=torch.tensor([6]))
     with pytest.raises(ValueError, match="codes"):
         maxsim_residual(Q, codes, residuals, codec)
 
@@ -171,7 +171,40 @@ def test_gpu_real_shapes(nbits):
         Ld = int(lengths.max())
         got_padded = maxsim_residual(Q, codes.new_zeros(lengths.numel(), Ld).masked_scatter(d_mask, codes),
                                      residuals.new_zeros(lengths.numel(), Ld, codec.packed_dim).masked_scatter(
-                                         d_mask.unsqueeze(-1), residuals), codec, lengths.cuda())
+                                         d_mask.unsqueeze(-1), residuals), codec, d_lengths=lengths.cuda())
         torch.testing.assert_close(got_padded, expected, atol=1e-3, rtol=1e-3)
     approx = plaid_approx_score(Q[0], codes, cu, codec, centroid_score_threshold=0.4)
     assert approx.shape == (lengths.numel(),) and torch.isfinite(approx).all()
+
+
+def test_padded_scorers_share_the_dense_mask_convention():
+    # maxsim_residual, maxsim_pq and maxsim_quantized take the real tokens as maxsim.maxsim does:
+    # q_mask, and d_mask (any pattern, by keyword) or d_lengths; each equals maxsim.maxsim on the
+    # decoded tokens with that mask, and a junk code under a False never matters.
+    from maxsim.compressed import ProductQuantizer, dequantize_tokens, maxsim_pq, maxsim_quantized, quantize_tokens
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    codec = _codec()
+    Nd, Ld, d = 5, 9, codec.dim
+    Q = torch.randn(3, 4, d, generator=g)
+    q_mask = torch.rand(3, 4, generator=g) > 0.3
+    d_mask = torch.rand(Nd, Ld, generator=g) > 0.4  # not a prefix
+    d_mask[2] = False  # an empty document
+    lengths = torch.randint(0, Ld + 1, (Nd,), generator=g)
+    prefix = torch.arange(Ld) < lengths[:, None]
+    tokens = torch.nn.functional.normalize(torch.randn(Nd * Ld, d, generator=g), dim=-1)
+    codes, residuals = codec.encode(tokens)
+    codes, residuals = codes.view(Nd, Ld), residuals.view(Nd, Ld, -1)
+    decoded = codec.decode(codes, residuals, dtype=torch.float32)
+    pq = ProductQuantizer.train(tokens.repeat(6, 1), 4)  # (256 tokens at least: one per centroid)
+    pq_codes = pq.encode(tokens).view(Nd, Ld, 4)
+    values, scales = quantize_tokens(tokens.view(Nd, Ld, d), "int8")
+    cases = [(lambda **m: maxsim_residual(Q, codes, residuals, codec, q_mask=q_mask, **m), decoded),
+             (lambda **m: maxsim_pq(Q, pq_codes, pq, q_mask=q_mask, **m), pq.decode(pq_codes.view(-1, 4)).view(Nd, Ld, d)),
+             (lambda **m: maxsim_quantized(Q, values, scales, q_mask=q_mask, **m), dequantize_tokens(values, scales))]
+    for score, D in cases:
+        for given, mask in ((dict(d_mask=d_mask), d_mask), (dict(d_lengths=lengths), prefix)):
+            want = maxsim.maxsim(Q, D.float(), q_mask, mask)
+            torch.testing.assert_close(score(**given), want, atol=1e-4, rtol=1e-4)
+        with pytest.raises(ValueError, match="d_mask or d_lengths, not both"):
+            score(d_mask=d_mask, d_lengths=lengths)

@@ -36,6 +36,25 @@ def check_q_mask(q_mask, Q: torch.Tensor) -> torch.Tensor | None:
     return check_mask(q_mask, Q.shape[:-1], "q_mask", Q.device)
 
 
+def check_d_mask(d_mask, d_lengths, shape, device) -> torch.Tensor | None:
+    """The real tokens of padded documents of ``shape`` ``(Nd, Ld)``, given as ``d_mask [Nd, Ld]``
+    (True = real) or ``d_lengths [Nd]`` (each a prefix), not both, as ``maxsim.maxsim`` takes them
+    -> bool ``[Nd, Ld]`` on ``device``, or None (every token real)."""
+    if d_mask is not None and d_lengths is not None:
+        raise ValueError("maxsim: give d_mask or d_lengths, not both")
+    if d_lengths is None:
+        return check_mask(d_mask, shape, "d_mask", device)
+    num_docs, doc_len = shape
+    if not torch.is_tensor(d_lengths) or tuple(d_lengths.shape) != (num_docs,) or d_lengths.is_floating_point() \
+            or d_lengths.dtype == torch.bool or d_lengths.is_complex():
+        raise ValueError(f"maxsim: d_lengths must be an integer tensor of shape [{num_docs}] (the documents), got "
+                         f"{describe(d_lengths)}")
+    lengths = d_lengths.to(device, torch.int64)
+    if num_docs and bool(((lengths < 0) | (lengths > doc_len)).any()):
+        raise ValueError(f"maxsim: d_lengths must lie in [0, {doc_len}] (the padded length)")
+    return torch.arange(doc_len, device=device) < lengths[:, None]
+
+
 def check_cu_seqlens(cu_seqlens_d, total: int, name: str = "cu_seqlens_d", *, on_host: bool = True) -> torch.Tensor:
     """Offsets ``[Nd + 1]`` -> int64, checked: start at 0, never decrease, end at ``total``. On the
     host (a copy), or with ``on_host=False`` where they live, checked there with one read of a flag

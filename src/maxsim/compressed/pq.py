@@ -33,7 +33,7 @@ import torch
 from maxsim._progress import progress_bar
 
 from ._fixed import fixed_point as _fixed_point
-from ._inputs import check_chunk_documents, check_cu_seqlens, check_q_mask, check_query
+from ._inputs import check_chunk_documents, check_cu_seqlens, check_d_mask, check_q_mask, check_query
 
 NUM_CENTROIDS = 256  # per sub-space: one uint8 code
 FORMAT_NAME = "maxsim-product-quantizer"
@@ -603,35 +603,33 @@ def _prepare_query(Q, pq, q_mask):
     return Q, q_mask, False
 
 
-def maxsim_pq(Q, codes, pq, doc_lengths=None, *, q_mask=None, chunk_documents=None):
+def maxsim_pq(Q, codes, pq, *, q_mask=None, d_mask=None, d_lengths=None, chunk_documents=None):
     """MaxSim of Q against padded product-quantised documents, through a per-query look-up table.
 
     Q [Nq, Lq, d] (or [Lq, d]) float16/bfloat16/float32; codes [Nd, Ld, m] uint8 (or integers in
-    [0, 256)), on Q's device or the CPU; pq: the :class:`ProductQuantizer`; doc_lengths [Nd] int
-    (tokens past a document's length are padding, never read as codes; None = all real);
-    q_mask Q.shape[:-1] (True = real token). Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q), equal to
-    ``maxsim.maxsim(Q.float(), pq.decode(codes), q_mask, d_mask)`` to fp32 rounding. Empty
-    documents score 0. chunk_documents: documents per chunk (default: as many as keep the fp32
-    similarities [Nq·Lq, tokens] of a chunk within 64 MB). Differentiable in Q (the codebooks are
-    constants).
+    [0, 256)), on Q's device or the CPU; pq: the :class:`ProductQuantizer`; the real tokens as
+    ``maxsim.maxsim`` takes them: q_mask Q.shape[:-1], d_mask [Nd, Ld] (True = real) or d_lengths
+    [Nd] (None = all real; a padding token's codes are never read). Returns [Nq, Nd] fp32 ([Nd]
+    for a 2-D Q), equal to ``maxsim.maxsim(Q.float(), pq.decode(codes), q_mask, d_mask)`` to fp32
+    rounding. Empty documents score 0. chunk_documents: documents per chunk (default: as many as
+    keep the fp32 similarities [Nq·Lq, tokens] of a chunk within 64 MB). Differentiable in Q (the
+    codebooks are constants).
     """
     Q, q_mask, single_query = _prepare_query(Q, pq, q_mask)
     _check_codes(codes, pq.m, "codes", 3)
     _check_codes_device(codes, Q)
     check_chunk_documents(chunk_documents)
     num_docs, doc_len, _ = codes.shape
-    if doc_lengths is None:
-        lengths = torch.full((num_docs,), doc_len, dtype=torch.int64)
-    else:
-        if not torch.is_tensor(doc_lengths) or tuple(doc_lengths.shape) != (num_docs,) \
-                or doc_lengths.is_floating_point() or doc_lengths.dtype == torch.bool or doc_lengths.is_complex():
-            raise ValueError(f"maxsim: doc_lengths must be an integer tensor of shape [{num_docs}] (codes.shape[0]), got "
-                             f"{tuple(doc_lengths.shape) if torch.is_tensor(doc_lengths) else type(doc_lengths).__name__}")
-        lengths = doc_lengths.to("cpu", torch.int64)
-        if num_docs and (bool((lengths < 0).any()) or bool((lengths > doc_len).any())):
-            raise ValueError(f"maxsim: doc_lengths must lie in [0, {doc_len}] (codes.shape[1])")
-    starts = torch.arange(num_docs, dtype=torch.int64) * doc_len
-    layout = _Layout(codes.reshape(num_docs * doc_len, pq.m), starts, lengths, doc_len)
+    real = check_d_mask(d_mask, d_lengths, (num_docs, doc_len), torch.device("cpu"))  # [Nd, Ld] bool or None
+    if real is None:
+        starts = torch.arange(num_docs, dtype=torch.int64) * doc_len
+        layout = _Layout(codes.reshape(num_docs * doc_len, pq.m), starts, torch.full((num_docs,), doc_len), doc_len)
+    else:  # the real tokens, packed in order: the packed layout
+        lengths = real.sum(dim=1)  # [Nd]
+        starts = torch.zeros(num_docs, dtype=torch.int64)
+        torch.cumsum(lengths[:-1], 0, out=starts[1:])
+        tokens = codes.reshape(num_docs * doc_len, pq.m)[real.reshape(-1).to(codes.device)]
+        layout = _Layout(tokens, starts, lengths, None)
     return _run(Q, q_mask, pq, layout, chunk_documents, single_query)
 
 

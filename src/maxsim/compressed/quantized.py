@@ -30,7 +30,7 @@ from maxsim.selection import varlen as select_varlen
 from maxsim.selection.common import device_of
 from maxsim.varlen.ops import maxsim_varlen, quantized_scores
 
-from ._inputs import (check_chunk_documents, check_cu_seqlens, check_mask, check_q_mask, check_query,
+from ._inputs import (check_chunk_documents, check_cu_seqlens, check_d_mask, check_q_mask, check_query,
                       describe)
 
 FORMATS = ("int8", "fp8_e4m3")
@@ -147,12 +147,13 @@ def _run_chunk(fn, Q, *chunk_inputs):
 
 
 # ---------------------------------------------------------------------- padded documents
-def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="exclude", normalize=False,
-                     chunk_documents=None):
+def maxsim_quantized(Q, values, scales, *, q_mask=None, d_mask=None, d_lengths=None, mask_mode="exclude",
+                     normalize=False, chunk_documents=None):
     """MaxSim of Q against padded quantised documents.
 
     Q [Nq, Lq, d] (or [Lq, d]) float16 / bfloat16 / float32; values [Nd, Ld, d] int8 or
-    float8_e4m3fn; scales [Nd, Ld] floating; d_mask [Nd, Ld], q_mask Q.shape[:-1] (True = real).
+    float8_e4m3fn; scales [Nd, Ld] floating; the real tokens as ``maxsim.maxsim`` takes them:
+    q_mask Q.shape[:-1], d_mask [Nd, Ld] (True = real) or d_lengths [Nd].
     Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q), equal (to fp32 rounding of the chunked scoring) to
     ``maxsim.maxsim(Q, dequantize_tokens(values, scales, Q.dtype), q_mask, d_mask,
     mask_mode=mask_mode, normalize=normalize)``. Documents are dequantised ``chunk_documents`` at a
@@ -166,7 +167,7 @@ def maxsim_quantized(Q, values, scales, d_mask=None, q_mask=None, *, mask_mode="
     num_docs, doc_len, dim = values.shape
     check_query(Q, dim, "values")
     q_mask = check_q_mask(q_mask, Q)
-    d_mask = check_mask(d_mask, values.shape[:-1], "d_mask", values.device)
+    d_mask = check_d_mask(d_mask, d_lengths, values.shape[:-1], values.device)
     _checks.check_choice("mask_mode", mask_mode, _checks.MASK_MODES)
     _checks.check_bool("normalize", normalize)
     check_chunk_documents(chunk_documents)

@@ -26,7 +26,7 @@ from maxsim.varlen.ops import maxsim_varlen
 
 from . import specs as _specs
 from ._inputs import check_codec as _check_codec
-from ._inputs import check_cu_seqlens, check_q_mask, check_query
+from ._inputs import check_cu_seqlens, check_d_mask, check_q_mask, check_query
 from ._inputs import decode_dtype as _decode_dtype
 from .forward import residual_stream_forward
 
@@ -53,12 +53,13 @@ def _check_call(Q, codes, residuals, codec, normalize, q_mask, codes_dim: int, c
     return Q, q_mask, False
 
 
-def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None, normalize=True,
+def maxsim_residual(Q, codes, residuals, codec, *, q_mask=None, d_mask=None, d_lengths=None, normalize=True,
                     decode_dtype=None):
     """MaxSim of Q against padded residual-compressed documents.
 
-    Q [Nq, Lq, d] (or [Lq, d]); codes [Nd, Ld] int; residuals [Nd, Ld, packed_dim] uint8;
-    doc_lengths [Nd] (tokens past a document's length are padding; None = all real).
+    Q [Nq, Lq, d] (or [Lq, d]); codes [Nd, Ld] int; residuals [Nd, Ld, packed_dim] uint8; the real
+    tokens as ``maxsim.maxsim`` takes them: q_mask Q.shape[:-1], d_mask [Nd, Ld] (True = real) or
+    d_lengths [Nd] (None = all real; a padding token's code is never read).
     Returns [Nq, Nd] fp32 ([Nd] for a 2-D Q). Empty documents score 0. decode_dtype: fp16 or fp32
     tiles (default fp16 for an fp16 Q, else fp32; Q is cast to it). Differentiable in Q.
     Documents are decoded a bounded chunk at a time and scored by ``maxsim.maxsim`` (packed
@@ -68,14 +69,7 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
     num_docs, doc_len = codes.shape
     device = Q.device
     dtype = _decode_dtype(Q, decode_dtype)
-    if doc_lengths is not None:
-        if not torch.is_tensor(doc_lengths) or tuple(doc_lengths.shape) != (num_docs,) \
-                or doc_lengths.is_floating_point():
-            raise ValueError(f"doc_lengths must be an integer tensor of shape [{num_docs}], got "
-                             f"{tuple(doc_lengths.shape) if torch.is_tensor(doc_lengths) else type(doc_lengths).__name__}")
-        doc_lengths = doc_lengths.to(device)
-        if num_docs and (bool((doc_lengths < 0).any()) or bool((doc_lengths > doc_len).any())):
-            raise ValueError(f"doc_lengths must lie in [0, {doc_len}] (codes.shape[1])")
+    real = check_d_mask(d_mask, d_lengths, (num_docs, doc_len), device)  # [Nd, Ld] bool or None
     codec = codec.to(device) if codec.device != device else codec
     Q_cast = Q.to(dtype)
     scores = []
@@ -83,12 +77,11 @@ def maxsim_residual(Q, codes, residuals, codec, doc_lengths=None, *, q_mask=None
     for start in range(0, num_docs, docs_per_chunk):
         stop = min(num_docs, start + docs_per_chunk)
         chunk_codes = codes[start:stop].to(device)
-        d_mask = None
-        if doc_lengths is not None:
-            d_mask = torch.arange(doc_len, device=device) < doc_lengths[start:stop, None]  # [n, Ld]
-            chunk_codes = torch.where(d_mask, chunk_codes, torch.zeros_like(chunk_codes))  # padding may hold junk
+        chunk_real = None if real is None else real[start:stop]  # [n, Ld]
+        if chunk_real is not None:
+            chunk_codes = torch.where(chunk_real, chunk_codes, torch.zeros_like(chunk_codes))  # padding may hold junk
         D = codec.decode(chunk_codes, residuals[start:stop].to(device), normalize=normalize, dtype=dtype)
-        scores.append(maxsim_dense(Q_cast, D, q_mask, d_mask))
+        scores.append(maxsim_dense(Q_cast, D, q_mask, chunk_real))
     out = torch.cat(scores, dim=1) if scores else torch.zeros(Q.shape[0], 0, device=device)
     return out[0] if single_query else out
 
