@@ -1,8 +1,9 @@
 """A search server over a stored corpus: ``python -m maxsim serve CORPUS``.
 
 :class:`Service` (no web framework: the corpus, its lock, the batcher of concurrent queries, durable
-writes, statistics) and :func:`create_app` (its HTTP API on FastAPI; the optional ``[serve]``
-extra). ``maxsim.client.Client`` speaks the API. docs/serve.md describes both.
+writes, statistics; with ``model=PATH`` also texts, encoded by :mod:`maxsim.serve.encoder`) and
+:func:`create_app` (its HTTP API on FastAPI; the optional ``[serve]`` extra).
+``maxsim.client.Client`` speaks the API. docs/serve.md describes both.
 """
 
 from .service import RequestError, Service

@@ -1,14 +1,18 @@
 """The HTTP API of a :class:`maxsim.serve.Service`, on FastAPI (the ``[serve]`` extra).
 
-    POST   /search     {"queries": [[[...]]] | "queries_npy": base64 .npy, "k": 10, "subset": [ids]}
+    POST   /search     {"queries": [[[...]]] | "queries_npy": base64 .npy | "text": ["..."], "k": 10,
+                        "subset": [ids]}
                        -> {"results": [{"ids": [...], "scores": [...]}, ...]}   (one per query)
-    POST   /documents  {"ids": [...], "documents": [[[...]]]}   -> {"appended": n, "live": N}
+    POST   /documents  {"ids": [...], "documents": [[[...]]] | "text": ["..."]}  -> {"appended": n, "live": N}
     DELETE /documents  {"ids": [...]}                           -> {"deleted": n, "live": N}
     GET    /health     -> {"status": "ok"}
     GET    /stats      -> documents, encoding, memory, q/s, ...
 
-Every refusal is a 4xx with ``{"error": "one line"}``; writes need the API key when one is set
-(``Authorization: Bearer KEY`` or ``X-API-Key: KEY``); a body over ``max_body_bytes`` is a 413.
+``text`` (strings, in place of token arrays) needs a server started with a model
+(``Service(model=PATH)``, ``--model PATH``): the model encodes them in a worker thread, then they
+take the arrays' path. Every refusal is a 4xx with ``{"error": "one line"}``; writes need the API
+key when one is set (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``); a body over
+``max_body_bytes`` is a 413.
 """
 
 # (no `from __future__ import annotations`: FastAPI reads the endpoints' Request annotations, imported
@@ -100,16 +104,29 @@ def create_app(service: Service, *, api_key: str | None = None, max_body_bytes: 
                 return [array[i, :n] for i, n in enumerate(lengths)]
             return array
         if "queries" not in payload:
-            raise RequestError('the request needs "queries" (or "queries_npy")')
+            raise RequestError('the request needs "queries" (or "queries_npy"), or "text"')
         return payload["queries"]
+
+    def text_of(payload: dict, arrays: tuple):
+        """The request's ``text`` (checked), or None when it sends ``arrays`` instead; both or
+        neither: a RequestError."""
+        given = [name for name in arrays if name in payload]
+        if "text" in payload:
+            if given:
+                raise RequestError(f'send "text" or "{given[0]}", not both')
+            return service.check_text(payload["text"])
+        return None
 
     @app.post("/search")
     async def search(request: Request):
         payload = await body(request)
-        queries = service.check_queries(queries_of(payload))
+        text = text_of(payload, ("queries", "queries_npy"))
+        queries = None if text is not None else service.check_queries(queries_of(payload))
         k = service.check_k(payload.get("k", 10))
         subset = service.check_subset(payload.get("subset"))
         try:
+            if text is not None:  # encoded off the event loop, then batched like arrays
+                queries = await asyncio.to_thread(service.encode_queries, text)
             answers = await service.search(queries, k, subset)
         except RuntimeError as err:
             return error(500, str(err).replace("maxsim: ", ""))
@@ -119,7 +136,17 @@ def create_app(service: Service, *, api_key: str | None = None, max_body_bytes: 
     async def append(request: Request):
         authorised(request)
         payload = await body(request)
-        ids, documents = service.check_documents(payload.get("ids"), payload.get("documents"))
+        text = text_of(payload, ("documents",))
+        if text is None:
+            if "documents" not in payload:
+                raise RequestError('the request needs "documents" (token arrays) or "text"')
+            ids, documents = service.check_documents(payload.get("ids"), payload.get("documents"))
+        else:
+            ids = service.check_ids(payload.get("ids"), len(text), "texts")
+            try:
+                documents = await asyncio.to_thread(service.encode_documents, text)
+            except RuntimeError as err:
+                return error(500, str(err).replace("maxsim: ", ""))
         live = await asyncio.to_thread(service.append, ids, documents)
         return {"appended": len(ids), "live": live}
 

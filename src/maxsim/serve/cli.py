@@ -12,7 +12,9 @@ def add_serve_parser(subparsers):
         description="Serve the corpus folder CORPUS over HTTP (FastAPI + uvicorn: pip install \"maxsim[serve]\"): "
                     "POST /search, POST and DELETE /documents, GET /health and /stats (docs/serve.md). "
                     "Concurrent searches are batched into one kernel call; writes are committed to the "
-                    "folder before they are acknowledged.")
+                    "folder before they are acknowledged. With --model PATH (a local PyLate or Sentence "
+                    "Transformers 6 multi-vector model folder) /search and /documents also take text, "
+                    "which that model encodes: python -m maxsim serve corpus/ --model my-colbert/")
     p.add_argument("corpus", help="corpus folder")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -25,6 +27,11 @@ def add_serve_parser(subparsers):
     p.add_argument("--max-batch", type=int, default=32, help="queries searched together at most (default %(default)s)")
     p.add_argument("--max-wait-ms", type=float, default=0.5,
                    help="milliseconds a search waits for more requests to join its batch (default %(default)s)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="a local multi-vector model folder, loaded once at start (PyLate's ColBERT: pip install "
+                        "pylate; else Sentence Transformers 6's MultiVectorEncoder): /search then also takes "
+                        "{\"text\": [queries]} and /documents {\"ids\": [...], \"text\": [documents]}, encoded by "
+                        "its query and document sides. Its output d must be the corpus's")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MB (default %(default)s): 413 beyond")
     p.set_defaults(run=run_serve)
     return p
@@ -43,10 +50,11 @@ def run_serve(args) -> int:
         raise ValueError(f"maxsim: --max-body-mb must be positive; got {args.max_body_mb}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("MAXSIM_API_KEY") or None
     service = Service(args.corpus, device=args.device, load=args.load, max_batch=args.max_batch,
-                      max_wait_s=args.max_wait_ms / 1e3)
+                      max_wait_s=args.max_wait_ms / 1e3, model=args.model)
+    model = "" if service.encoder is None else f", text by {service.encoder.library} model {service.model_path}"
     app = create_app(service, api_key=api_key, max_body_bytes=int(args.max_body_mb * (1 << 20)))
     print(f"maxsim serve: {service.corpus.num_live} documents ({service.corpus.encoding}, d {service.dim}) on "
-          f"{service.device}, http://{args.host}:{args.port}{'' if api_key else ' (writes need no key)'}",
+          f"{service.device}{model}, http://{args.host}:{args.port}{'' if api_key else ' (writes need no key)'}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -7,6 +7,11 @@ a queue, and the loop takes every request that arrived while the previous search
 ``Corpus.search`` call (the largest k among them, then each request's own k). Requests with a
 ``subset`` are searched in a batch of those with the same subset.
 
+With a text model (``model=PATH``: a local PyLate / Sentence Transformers 6 multi-vector folder,
+see :mod:`maxsim.serve.encoder`), requests may send texts instead of token arrays: they are encoded
+per request in a worker thread (outside the corpus lock), then take the same batched search or
+durable append as arrays do.
+
 Writes are durable before they are acknowledged: an append or a delete is applied in memory, then
 saved to the corpus folder (``Corpus.save(path, overwrite=True)`` writes only the change, fsyncs it
 and commits it by renaming the manifest); a failed save restores the folder's state. A process
@@ -55,9 +60,13 @@ class Service:
         max_batch: queries searched together at most.
         max_wait_s: how long the loop waits for more requests after the first (0: it takes what
             arrived while the previous search ran, and no more).
+        model: a local multi-vector model folder (PyLate ``ColBERT``, or Sentence Transformers 6
+            ``MultiVectorEncoder``) whose output d is the corpus's: :meth:`encode_queries` and
+            :meth:`encode_documents` then turn texts into token arrays. None: token arrays only.
     """
 
-    def __init__(self, path, *, device=None, load: str = "device", max_batch: int = 32, max_wait_s: float = 0.0005):
+    def __init__(self, path, *, device=None, load: str = "device", max_batch: int = 32, max_wait_s: float = 0.0005,
+                 model=None):
         if load not in ("device", "mmap", "host"):
             raise ValueError(f"maxsim: load must be device, mmap or host; got {load!r}")
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -69,6 +78,14 @@ class Service:
             torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.load_mode, self.max_batch, self.max_wait_s = load, max_batch, float(max_wait_s)
         self.corpus = self._load()
+        self.encoder = None
+        if model is not None:
+            from .encoder import TextEncoder
+
+            self.encoder = TextEncoder(model, device=self.device)
+            if self.encoder.dim != self.dim:
+                raise ValueError(f"maxsim: the model {self.encoder.path} encodes d={self.encoder.dim} but the corpus "
+                                 f"{self.path} has d={self.dim}: serve a corpus that this model encoded")
         self.lock = threading.Lock()
         self._queue: asyncio.Queue | None = None
         self._loop_task = None
@@ -87,6 +104,38 @@ class Service:
     @property
     def dim(self) -> int:
         return self.corpus.dim
+
+    @property
+    def model_path(self) -> str | None:
+        return None if self.encoder is None else self.encoder.path
+
+    # -- texts ----------------------------------------------------------------------------------
+
+    def check_text(self, text) -> list[str]:
+        """A request's ``text``: a non-empty list of strings, and a server with a model."""
+        if self.encoder is None:
+            raise RequestError("text needs a model, and this server was started without --model: send token "
+                               "arrays, or restart it with --model PATH")
+        if not isinstance(text, list) or not text or not all(isinstance(t, str) for t in text):
+            raise RequestError("text must be a non-empty list of strings")
+        return text
+
+    def encode_queries(self, texts: list[str]) -> list:
+        """Query texts (checked by :meth:`check_text`) -> ``[L_i, d]`` float32 tensors, as
+        :meth:`check_queries` gives them (blocking: run it in a thread)."""
+        return [self._tokens(a, f"text {i}") for i, a in enumerate(self._encode(self.encoder.queries, texts))]
+
+    def encode_documents(self, texts: list[str]) -> list:
+        """Document texts -> ``[L_i, d]`` float32 tensors, as :meth:`check_documents` gives them."""
+        return [self._tokens(a, f"text {i}", empty_ok=True)
+                for i, a in enumerate(self._encode(self.encoder.documents, texts))]
+
+    @staticmethod
+    def _encode(side, texts: list[str]) -> list:
+        try:
+            return side(texts)
+        except Exception as err:
+            raise RuntimeError(f"maxsim: the model failed to encode the text: {_one_line(err)}") from None
 
     # -- searching ------------------------------------------------------------------------------
 
@@ -208,10 +257,17 @@ class Service:
     # -- writing --------------------------------------------------------------------------------
 
     def check_documents(self, ids, documents) -> tuple[list, list]:
-        if not isinstance(ids, list) or not isinstance(documents, list):
+        if not isinstance(documents, list):
             raise RequestError("ids and documents must be lists of the same length")
-        if len(ids) != len(documents) or not ids:
-            raise RequestError(f"give one id per document: {len(ids)} ids, {len(documents)} documents")
+        ids = self.check_ids(ids, len(documents), "documents")
+        return ids, [self._tokens(d, f"document {i}", empty_ok=True) for i, d in enumerate(documents)]
+
+    def check_ids(self, ids, count: int, what: str = "documents") -> list:
+        """The ids of ``count`` new documents (``what``: "documents" or "texts", for the message)."""
+        if not isinstance(ids, list):
+            raise RequestError(f"ids and {what} must be lists of the same length")
+        if len(ids) != count or not ids:
+            raise RequestError(f"give one id per document: {len(ids)} ids, {count} {what}")
         int_ids = isinstance(self.corpus.ids, np.ndarray)
         if int_ids and not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
             raise RequestError("ids must be ints: this corpus's ids are ints")
@@ -219,7 +275,7 @@ class Service:
             raise RequestError("ids must be strings: this corpus's ids are strings")
         if len(set(ids)) != len(ids):
             raise RequestError("ids must be unique within a request")
-        return ids, [self._tokens(d, f"document {i}", empty_ok=True) for i, d in enumerate(documents)]
+        return ids
 
     def _tokens(self, x, what: str, empty_ok: bool = False) -> torch.Tensor:
         """One request's ``[L][d]`` array (a query, or a document, which may be empty) as a float32
@@ -293,7 +349,8 @@ class Service:
                     load=self.load_mode, memory=memory, searches=self.searches, queries=self.queries_served,
                     queries_per_second_last_minute=round(qps, 2), appended=self.appended, deleted_by_requests=self.deleted,
                     uptime_s=round(time.time() - self.started, 1), max_batch=self.max_batch,
-                    max_wait_ms=self.max_wait_s * 1e3)
+                    max_wait_ms=self.max_wait_s * 1e3, model=self.model_path,
+                    model_library=None if self.encoder is None else self.encoder.library)
 
 
 def _one_line(err: BaseException) -> str:
