@@ -28,6 +28,10 @@ import numpy as np
 
 from .service import RequestError, Service
 
+# A body declared over the limit but at most this many times it is read (and dropped) before the 413,
+# so that the client gets the answer; a larger one is refused at once, the connection closed.
+DRAIN_FACTOR = 4
+
 
 def create_app(service: Service, *, api_key: str | None = None, max_body_bytes: int = 64 << 20):
     """A FastAPI app serving ``service``; ``api_key``: required for writes when given."""
@@ -53,6 +57,11 @@ def create_app(service: Service, *, api_key: str | None = None, max_body_bytes: 
     async def refuse(request: Request, call_next):
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
+            if length.isdigit() and int(length) <= DRAIN_FACTOR * max_body_bytes:
+                # read and drop the body (never held): a connection closed mid-upload is a broken
+                # pipe to the client, which then never reads this 413
+                async for _ in request.stream():
+                    pass
             return error(413, f"the request body is over {max_body_bytes} bytes")
         try:
             return await call_next(request)
