@@ -16,24 +16,7 @@ from maxsim.client import Client, ServerError
 pytest.importorskip("fastapi", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 pytest.importorskip("uvicorn", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 
-from served import Server  # noqa: E402 (after the skips: it starts servers that need them)
-
 D = 16
-
-
-@pytest.fixture
-def serve():
-    """start(folder, *options, api_key=None) -> a running Server; every one is stopped afterwards."""
-    started = []
-
-    def start(folder, *extra, api_key=None):
-        server = Server(folder, *extra, api_key=api_key)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def make_corpus(folder, n=60, seed=0):

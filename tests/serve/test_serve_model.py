@@ -101,20 +101,6 @@ def model_server(tmp_path_factory, model_dir, passages):
     server.stop()
 
 
-@pytest.fixture
-def serve():
-    started = []
-
-    def start(folder, *extra, api_key=None):
-        server = Server(folder, *extra, api_key=api_key)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
 def post(url, path, body):
     """POST ``body``; a refusal -> (status, its one-line message)."""
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
