@@ -55,3 +55,20 @@ class Server:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+
+def serving():
+    """The body of the tests' ``serve`` fixture (``pytest.fixture(serving, name="serve")`` in each
+    test file: a conftest.py here would shadow the suite's own): yields start(folder, *options,
+    api_key=None) -> a running Server, and stops every one afterwards."""
+    started = []
+
+    def start(folder, *extra, api_key=None):
+        server = Server(folder, *extra, api_key=api_key)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

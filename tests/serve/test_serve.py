@@ -16,6 +16,10 @@ from maxsim.client import Client, ServerError
 pytest.importorskip("fastapi", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 pytest.importorskip("uvicorn", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 
+from served import serving  # noqa: E402 (after the skips: it starts servers that need them)
+
+serve = pytest.fixture(serving, name="serve")
+
 D = 16
 
 

@@ -25,7 +25,9 @@ from maxsim.client import Client, ServerError  # noqa: E402
 pytest.importorskip("fastapi", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 pytest.importorskip("uvicorn", reason="the server's tests need FastAPI and uvicorn (the [serve] extra)")
 
-from served import Server, free_port  # noqa: E402
+from served import Server, free_port, serving  # noqa: E402
+
+serve = pytest.fixture(serving, name="serve")
 
 PASSAGES = [
     "The Amazon rainforest produces a large share of the oxygen released by land plants.",
