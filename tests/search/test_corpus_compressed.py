@@ -240,6 +240,44 @@ def test_resident_search_scores_with_the_lookup_scorer(monkeypatch, nbits):
         assert s.lookup_layout(corpus.codec, torch.device(KERNEL_DEVICE)) is next(iter(s._lookup.values()))
 
 
+@pytest.mark.parametrize("why", ["too little free memory", "out of memory while building"])
+def test_a_layout_that_does_not_fit_falls_back_to_the_plane_kernel(monkeypatch, why):
+    """Where the look-up layout would not fit the device (its bound above the free memory, or an
+    OOM while it is built), the segment is scored by the plane kernel: the exact decode-then-score
+    answer, a LookupLayoutWarning said once, and a later search with room builds the layout."""
+    import warnings
+
+    from maxsim.compressed import scoring
+    from maxsim.search import corpus as corpus_module
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = unit_docs(g, n=30, d=128, longest=20)
+    codec = ResidualCodec.train(torch.cat(docs), 2, num_centroids=32)
+    corpus = Corpus.from_list(docs, codec=codec).to(KERNEL_DEVICE)
+    queries = [q.to(KERNEL_DEVICE) for q in unit_queries(g, [12, 5], d=128)]
+    exact = corpus.search(queries, 10, progress=False, device="cpu")  # decode, then score (PyTorch)
+    if KERNEL_DEVICE == "cpu":
+        monkeypatch.setenv("MAXSIM_BACKEND", "triton")  # the kernels in the interpreter
+    real_build = scoring.lookup_layout
+    if why == "too little free memory":
+        monkeypatch.setattr(corpus_module, "_free_device_bytes", lambda device: 1 << 10)
+    else:
+        def out_of_memory(*args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        monkeypatch.setattr(scoring, "lookup_layout", out_of_memory)
+    with pytest.warns(corpus_module.LookupLayoutWarning, match="plane kernel"):
+        got = corpus.search(queries, 10, progress=False)
+    torch.testing.assert_close(got.scores.cpu(), exact.scores, atol=1e-3, rtol=1e-3)  # (ties may swap ids)
+    assert not corpus.segments[0]._lookup
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", corpus_module.LookupLayoutWarning)  # said once, not at every search
+        corpus.search(queries, 10, progress=False)
+    monkeypatch.setattr(corpus_module, "_free_device_bytes", lambda device: None)
+    monkeypatch.setattr(scoring, "lookup_layout", real_build)
+    corpus.search(queries, 10, progress=False)
+    assert len(corpus.segments[0]._lookup) == 1  # room again: the layout is built and kept
+
+
 @pytest.mark.parametrize("make", ["packed", "padded", "init"])
 def test_codec_keyword_on_every_constructor(make):
     docs, codec, _ = build("residual2", seed=2, n=20)

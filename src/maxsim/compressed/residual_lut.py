@@ -306,6 +306,17 @@ def padded_offsets(cu: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     return cu_p, source
 
 
+def build_bytes(codec, num_tokens: int, num_docs: int, *, group: int = 16, chunk: int = 1 << 20) -> int:
+    """An upper bound on the device bytes :func:`build_layout` allocates for ``num_tokens`` tokens
+    in ``num_docs`` documents: the layout (packed codes, centroid id and inverse norm a padded
+    token), the padded offsets' int64 temporaries, and one chunk's decode scratch."""
+    padded = num_tokens + num_docs * (group - 1) + TAIL_TOKENS
+    layout = padded * (codec.packed_dim + 4 + 4)
+    offsets = padded * 3 * 8  # padded_offsets' document, position and source rows (int64)
+    scratch = min(chunk, padded) * (16 * codec.packed_dim + 24 * codec.dim)
+    return layout + offsets + scratch
+
+
 def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.Tensor, *, group: int = 16,
                  chunk: int = 1 << 20) -> LutLayout:
     """The look-up layout of packed residual documents (codes ``[T]``, residuals ``[T, P]``,

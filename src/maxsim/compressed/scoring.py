@@ -194,6 +194,14 @@ def lookup_layout(codec, codes, residuals, cu):
     return build_layout(codec, codes, residuals, cu)
 
 
+def lookup_layout_bytes(codec, num_tokens: int, num_docs: int) -> int:
+    """Device bytes that building the look-up layout of ``num_tokens`` tokens in ``num_docs``
+    documents may take at its peak (an upper bound)."""
+    from .residual_lut import build_bytes
+
+    return build_bytes(codec, num_tokens, num_docs)
+
+
 def lookup_scorer(Q, q_mask, codec, normalize: bool = True):
     """The look-up scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]`` against
     ``codec``'s codes on Q's device, or why it cannot run (a str)."""

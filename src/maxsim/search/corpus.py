@@ -24,8 +24,10 @@ scores it in place; a host or mapped corpus streams to the GPU under a memory bu
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -64,6 +66,8 @@ class CorpusSegment:
     _longest: int | None = field(default=None, init=False, repr=False, compare=False)
     _scales_checked: bool = field(default=False, init=False, repr=False, compare=False)
     _lookup: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lookup_refused: bool = field(default=False, init=False, repr=False, compare=False)
+    _lookup_oom: bool = field(default=False, init=False, repr=False, compare=False)
 
     def check_scales(self) -> None:
         """The one-byte scales checked (finite, >= 0) the first time a search reads them, not at
@@ -83,13 +87,32 @@ class CorpusSegment:
 
     def lookup_layout(self, codec, device: torch.device):
         """A residual segment's look-up layout on ``device`` (where its codes are), built the first
-        time a search asks for it and kept with the segment (its tokens never change)."""
+        time a search asks for it and kept with the segment (its tokens never change); None when
+        building it would not fit the device's free memory (then the segment is scored by the
+        plane kernel, said once: a ``LookupLayoutWarning``)."""
         key = str(torch.device(device))
-        if key not in self._lookup:
-            from maxsim.compressed.scoring import lookup_layout
+        if self._lookup.get(key) is None:
+            from maxsim.compressed.scoring import lookup_layout, lookup_layout_bytes
 
             self._lookup.clear()  # one device at a time: the layout takes about the codes' bytes again
-            self._lookup[key] = lookup_layout(codec, self.embeddings, self.residuals, self.offsets_on(device))
+            need = lookup_layout_bytes(codec, int(self.embeddings.shape[0]), self.num_documents)
+            free = _free_device_bytes(torch.device(device))
+            layout = None
+            if free is None or need * (2 if self._lookup_oom else 1) <= free:  # (an OOM asks for twice the bound)
+                try:
+                    layout = lookup_layout(codec, self.embeddings, self.residuals, self.offsets_on(device))
+                except torch.OutOfMemoryError:
+                    self._lookup_oom = True
+                    free = _free_device_bytes(torch.device(device))
+            if layout is None:
+                if not self._lookup_refused:
+                    warnings.warn(f"maxsim: the look-up layout of a segment of {int(self.embeddings.shape[0])} "
+                                  f"residual tokens needs up to {need / 2**30:.1f} GiB, "
+                                  f"{'?' if free is None else f'{free / 2**30:.1f}'} GiB of {device} are free: it is scored by the plane kernel (slower); free device "
+                                  "memory, or split the corpus into shards", LookupLayoutWarning, stacklevel=2)
+                    self._lookup_refused = True
+                return None
+            self._lookup[key] = layout
         return self._lookup[key]
 
     @property
@@ -117,6 +140,18 @@ class CorpusSegment:
     @property
     def num_documents(self) -> int:
         return self.offsets.size - 1
+
+
+class LookupLayoutWarning(UserWarning):
+    """A resident residual segment's look-up layout did not fit the device: the plane kernel
+    scores it."""
+
+
+def _free_device_bytes(device: torch.device) -> int | None:
+    """Free bytes of a CUDA device; None elsewhere (no limit to check)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def _as_tensor(name, x) -> torch.Tensor:

@@ -342,10 +342,11 @@ class Residual(_Coded):
     def score_chunk(self, batch, queries, chunk, segment, start, stop, token_base, *, device, codec):
         Q, q_mask, choice = batch
         if choice is not None and segment.embeddings.device == device:
-            from maxsim.compressed.scoring import lookup_scores
+            layout = segment.lookup_layout(codec, device)  # None: it does not fit the device
+            if layout is not None:
+                from maxsim.compressed.scoring import lookup_scores
 
-            layout = segment.lookup_layout(codec, device)
-            return lookup_scores(Q, q_mask, layout, codec, choice, docs=(start, stop))
+                return lookup_scores(Q, q_mask, layout, codec, choice, docs=(start, stop))
         return super().score_chunk(batch, queries, chunk, segment, start, stop, token_base, device=device,
                                    codec=codec)
 
