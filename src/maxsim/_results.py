@@ -1,5 +1,6 @@
-"""The answer of every search (``Corpus.search``, a loaded PLAID index's ``search``, the sharded
-search and the server): one type, kept below both the corpus and the index layers."""
+"""What every search shares (``Corpus.search``, a loaded PLAID index's ``search``, the sharded
+search and the server): the answer's type and the refine factor's check, kept below both the
+corpus and the index layers."""
 
 from __future__ import annotations
 
@@ -17,3 +18,14 @@ class SearchResult(NamedTuple):
     scores: torch.Tensor
     indices: torch.Tensor
     ids: object
+
+
+MAX_REFINE_FACTOR = 1 << 16
+
+
+def check_refine_factor(refine_factor) -> int:
+    """Candidates kept a result (``k * refine_factor``), checked."""
+    if isinstance(refine_factor, bool) or not isinstance(refine_factor, int) or not 1 <= refine_factor <= MAX_REFINE_FACTOR:
+        raise ValueError(f"maxsim: refine_factor must be an int in [1, {MAX_REFINE_FACTOR}] (candidates kept per "
+                         f"result: k * refine_factor); got {refine_factor!r}")
+    return refine_factor

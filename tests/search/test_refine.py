@@ -126,9 +126,9 @@ def test_rerank_is_the_exact_top_k_of_given_candidates():
     full.delete([ids[dead]])
     after = full.rerank(queries[2], candidates[2], 7, device=KERNEL_DEVICE)  # 2-D query: no query axis
     assert after.indices.dim() == 1 and dead not in after.indices.tolist()
-    with pytest.raises(ValueError, match="positions in 0..39"):
+    with pytest.raises(ValueError, match="indices in 0..39"):
         full.rerank(queries, torch.full((3, 2), 40), 2)
-    with pytest.raises(ValueError, match=r"\[Nq=3, m\]"):
+    with pytest.raises(ValueError, match=r"\[Nq=3, K\]"):
         full.rerank(queries, torch.zeros(2, 2, dtype=torch.long), 2)
     with pytest.raises(TypeError, match="integer"):
         full.rerank(queries, torch.zeros(3, 2), 2)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from maxsim._results import SearchResult
+from maxsim._results import SearchResult, check_refine_factor
 from maxsim.varlen.ops import score_pairs_packed
 
 from ..compressed._inputs import check_q_mask
@@ -285,10 +285,7 @@ def _check_refine(index, refine, refine_factor) -> int:
     if len(refine) != len(index):
         raise ValueError(f"the refine corpus holds {len(refine)} documents, the index {len(index)}: build it from "
                          "the same documents in the same order")
-    if isinstance(refine_factor, bool) or not isinstance(refine_factor, int) or not 1 <= refine_factor <= 1 << 16:
-        raise ValueError(f"refine_factor must be an int in [1, 65536] (candidates kept per result); "
-                         f"got {refine_factor!r}")
-    return refine_factor
+    return check_refine_factor(refine_factor)
 
 
 def _subset_mask(index, subset):

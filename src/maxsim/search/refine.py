@@ -17,9 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from maxsim.search.topk import check_k, merge_topk
-
-MAX_REFINE_FACTOR = 1 << 16
+from maxsim._results import check_refine_factor
+from maxsim.search.topk import candidate_table, check_k, merge_topk
 
 
 def check_refine(corpus, refine, refine_factor) -> int:
@@ -28,9 +27,7 @@ def check_refine(corpus, refine, refine_factor) -> int:
     if not isinstance(refine, type(corpus)):
         raise TypeError(f"maxsim: refine must be a maxsim.Corpus of the same documents (float16, int8, ...); got "
                         f"{type(refine).__name__}")
-    if isinstance(refine_factor, bool) or not isinstance(refine_factor, int) or not 1 <= refine_factor <= MAX_REFINE_FACTOR:
-        raise ValueError(f"maxsim: refine_factor must be an int in [1, {MAX_REFINE_FACTOR}] (candidates kept per "
-                         f"result: k * refine_factor); got {refine_factor!r}")
+    check_refine_factor(refine_factor)
     if refine.encoding.has_codec:
         raise ValueError(f"maxsim: the refine corpus holds {refine.encoding} codes; refine from float16, bfloat16, "
                          "float32, int8 or fp8 tokens")
@@ -97,36 +94,18 @@ def rerank(corpus, Q, candidates, k, *, q_mask=None, device=None):
 
 
 def _candidate_table(candidates, num_queries: int, squeeze: bool, corpus) -> torch.Tensor:
-    """Candidates as int64 ``[Nq, m]`` global positions on the host, checked; deleted documents
-    and repeats of a row become -1."""
-    if isinstance(candidates, np.ndarray):
-        candidates = torch.from_numpy(candidates)
-    elif not torch.is_tensor(candidates):
-        try:
-            candidates = torch.as_tensor(candidates)
-        except (TypeError, ValueError, RuntimeError):
-            raise TypeError("maxsim: candidates must be an int [Nq, m] tensor or array of corpus positions (-1: none)")
-    if candidates.is_floating_point() or candidates.is_complex() or candidates.dtype == torch.bool:
-        raise TypeError(f"maxsim: candidates must hold integer corpus positions; got {candidates.dtype}")
-    table = candidates.cpu().long()
-    if squeeze:
-        table = table[None] if table.dim() == 1 else table
-    if table.dim() != 2 or table.shape[0] != num_queries:
-        want = "[m]" if squeeze else f"[Nq={num_queries}, m]"
-        raise ValueError(f"maxsim: candidates must be {want} positions; got {list(candidates.shape)}")
-    lo, hi = corpus.base_index, corpus.base_index + len(corpus)
-    valid = table >= 0
-    if bool(((table < lo) & valid).any() | (table >= hi).any()):
-        raise ValueError(f"maxsim: candidates must hold positions in {lo}..{hi - 1} (or -1 for none)")
-    table = torch.where(valid, table, -1)
+    """Candidates as int64 ``[Nq, m]`` global positions on the host, checked (topk's table: -1
+    padding, a repeat counted once); deleted documents become -1."""
+    if squeeze and not isinstance(candidates, (list, tuple)):
+        candidates = torch.as_tensor(candidates)
+        candidates = candidates[None] if candidates.dim() == 1 else candidates
+    elif squeeze:
+        candidates = [candidates]
+    lo = corpus.base_index
+    table = candidate_table(candidates, num_queries, len(corpus), "cpu", first=lo)
     if corpus.num_deleted:
-        dead = torch.from_numpy(~corpus.live)[(table - lo).clamp_min(0)] & valid
+        dead = torch.from_numpy(~corpus.live)[(table - lo).clamp_min(0)] & (table >= 0)
         table = table.masked_fill(dead, -1)
-    if table.shape[1] > 1:  # a repeat counts once: each row's later copies become -1
-        ordered, order = torch.sort(table, dim=1, stable=True)
-        repeated = torch.zeros_like(ordered, dtype=torch.bool)
-        repeated[:, 1:] = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
-        table = table.scatter(1, order, ordered.masked_fill(repeated, -1))
     return table
 
 

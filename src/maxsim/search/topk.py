@@ -159,9 +159,10 @@ def _check_pair(q: torch.Tensor, d: torch.Tensor, d_name: str = "D") -> None:
         raise ValueError(f"maxsim: Q is on {q.device} but {d_name} is on {d.device}")
 
 
-def _candidate_tensor(candidates, num_queries: int, num_documents: int, device) -> torch.Tensor:
-    """Per-query candidate lists -> int64 ``[Nq, K]`` on ``device``, -1 = no candidate, each row's
-    duplicates removed (a candidate is a document, counted once)."""
+def candidate_table(candidates, num_queries: int, num_documents: int, device, first: int = 0) -> torch.Tensor:
+    """Per-query candidate lists (indices ``first .. first + num_documents - 1``) -> int64 ``[Nq,
+    K]`` on ``device``, -1 = no candidate, each row's duplicates removed (a candidate is a
+    document, counted once)."""
     if isinstance(candidates, (list, tuple)):
         rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in candidates]
         if len(rows) != num_queries:
@@ -178,13 +179,14 @@ def _candidate_tensor(candidates, num_queries: int, num_documents: int, device) 
         raise ValueError(f"maxsim: candidates must be [Nq={num_queries}, K]; got {list(candidates.shape)}")
     candidates = candidates.to(device=device, dtype=torch.int64)
     if candidates.numel():
-        lo, hi = int(candidates.min()), int(candidates.max())
-        if lo < -1 or hi >= num_documents:
-            raise ValueError(f"maxsim: candidates must hold indices in 0..{num_documents - 1} (or -1 for none); "
-                             f"got values in [{lo}, {hi}]")
+        outside = (candidates < first) & (candidates != -1) | (candidates >= first + num_documents)
+        if bool(outside.any()):
+            lo, hi = int(candidates.min()), int(candidates.max())
+            raise ValueError(f"maxsim: candidates must hold indices in {first}..{first + num_documents - 1} (or -1 "
+                             f"for none); got values in [{lo}, {hi}]")
         ordered, _ = torch.sort(candidates, dim=1)
         repeated = torch.zeros_like(ordered, dtype=torch.bool)
-        repeated[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+        repeated[:, 1:] = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
         candidates = torch.where(repeated, torch.full_like(ordered, -1), ordered)
     return candidates
 
@@ -301,7 +303,7 @@ def _topk_padded(Q, D, k, q_mask, d_mask, candidates, normalize, mask_mode, chun
         _chunked(running, Nd, _check_chunk(chunk), score)
         return running.result()
 
-    candidates = _candidate_tensor(candidates, Nq, Nd, D.device)  # [Nq, K]
+    candidates = candidate_table(candidates, Nq, Nd, D.device)  # [Nq, K]
     K = candidates.shape[1]
     running = RunningTopK(Nq, k, Q.device)
     # Candidate lists are gathered ([Nq, c, Ld, d]): the chunk also bounds that copy.
@@ -390,7 +392,7 @@ def score_quantized_chunk(queries, values, scales, cu_d_host: np.ndarray, start:
 
 def _score_candidates_packed(running, q, cu_q, max_q, d, cu_d_host, candidates, chunk_documents, scratch_bytes):
     Nq, Nd = cu_q.numel() - 1, cu_d_host.size - 1
-    candidates = _candidate_tensor(candidates, Nq, Nd, q.device)  # [Nq, K]
+    candidates = candidate_table(candidates, Nq, Nd, q.device)  # [Nq, K]
     K = candidates.shape[1]
     budget = scratch_bytes or (2**30 if q.device.type == "cuda" else 2**28)
     chunk = chunk_documents or max(1, min(K, budget // (SCRATCH_BYTES_PER_SCORE * max(Nq, 1))))
