@@ -237,7 +237,33 @@ def test_resident_search_scores_with_the_lookup_scorer(monkeypatch, nbits):
     assert_topk(result, want, 10, atol=LOOKUP_TABLE_ATOL)
     assert all(len(s._lookup) == 1 for s in corpus.segments)
     for s in corpus.segments:  # kept: the next search reads the same layout
-        assert s.lookup_layout(corpus.codec, torch.device(KERNEL_DEVICE)) is next(iter(s._lookup.values()))
+        assert s.lookup_layout(corpus.encoding, corpus.codec, torch.device(KERNEL_DEVICE)) is next(iter(s._lookup.values()))
+
+
+def test_resident_pq_search_scores_with_the_lookup_scorer(monkeypatch):
+    """A resident pq32 corpus of d 128 is searched by the PQ look-up scorer (Triton's interpreter on
+    the CPU): its arithmetic's top-k and scores (the float64 emulation over the whole corpus's
+    layout), each segment's layout built once and kept."""
+    from maxsim.compressed.pq_lut import build_layout, pq_lut_emulation
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = unit_docs(g, n=40, d=128, longest=24)
+    codec = make_codec("pq32", docs, g)
+    corpus = Corpus.from_list(docs[:25], codec=codec).append(docs[25:]).to(KERNEL_DEVICE)  # two segments
+    queries = [q.to(KERNEL_DEVICE) for q in unit_queries(g, [20, 7], d=128)]
+    Q = torch.zeros(2, 20, 128)
+    q_mask = torch.zeros(2, 20, dtype=torch.bool)
+    for i, q in enumerate(queries):
+        Q[i, :q.shape[0]], q_mask[i, :q.shape[0]] = q.cpu(), True
+    layout = build_layout(codec, corpus.codes.cpu(), torch.from_numpy(corpus.offsets))
+    want = pq_lut_emulation(Q, layout, q_mask=q_mask).float()  # [2, 40]
+    if KERNEL_DEVICE == "cpu":
+        monkeypatch.setenv("MAXSIM_BACKEND", "triton")  # the kernels in the interpreter
+    result = corpus.search(queries, 10, progress=False)
+    assert_topk(result, want, 10, atol=1e-4)
+    assert all(len(s._lookup) == 1 for s in corpus.segments)
+    exact = corpus.search(queries, 10, progress=False, device="cpu")  # decode, then score: close, not equal
+    torch.testing.assert_close(result.scores.cpu(), exact.scores, atol=0.05, rtol=0)
 
 
 @pytest.mark.parametrize("why", ["too little free memory", "out of memory while building"])
@@ -265,7 +291,7 @@ def test_a_layout_that_does_not_fit_falls_back_to_the_plane_kernel(monkeypatch, 
         def out_of_memory(*args, **kwargs):
             raise torch.OutOfMemoryError("CUDA out of memory (test)")
         monkeypatch.setattr(scoring, "lookup_layout", out_of_memory)
-    with pytest.warns(corpus_module.LookupLayoutWarning, match="plane kernel"):
+    with pytest.warns(corpus_module.LookupLayoutWarning, match="decoding kernel"):
         got = corpus.search(queries, 10, progress=False)
     torch.testing.assert_close(got.scores.cpu(), exact.scores, atol=1e-3, rtol=1e-3)  # (ties may swap ids)
     assert not corpus.segments[0]._lookup

@@ -122,12 +122,64 @@ def _decode_slice(b_words, p_row, lut_ptr, m_t, k: tl.constexpr, ASM: tl.constex
 
 
 @triton.jit
-def _slice_query(q_ptr, o_n, k: tl.constexpr, LQ: tl.constexpr, DIM: tl.constexpr, q0):
+def query_slice(q_ptr, o_n, k: tl.constexpr, LQ: tl.constexpr, DIM: tl.constexpr, q0):
     """The quantised query's slice k as the dot's right operand: [32, N] int8 (column n: query
     q0 + n // LQ, token n % LQ)."""
     o_c = tl.arange(0, 32)
     p = q_ptr + ((q0 + o_n // LQ).to(tl.int64) * LQ + o_n % LQ)[None, :] * DIM + (k * 32 + o_c)[:, None]
     return tl.load(p)
+
+
+@triton.jit
+def query_rows(q_ptr, qs_ptr, q0, LQ: tl.constexpr, DIM: tl.constexpr, QPB: tl.constexpr):
+    """Queries q0 .. q0 + QPB - 1 as a program holds them: (row scales b_qs [N], the magic
+    correction b_cn [N], the four 32-dimension slices [32, N] int8), N = QPB * LQ."""
+    o_n = tl.arange(0, QPB * LQ)
+    b_qs = tl.load(qs_ptr + q0 * LQ + o_n)  # [N]
+    b_cn = -MAGIC * b_qs  # exact (22-bit qs)
+    return (b_qs, b_cn, query_slice(q_ptr, o_n, 0, LQ, DIM, q0), query_slice(q_ptr, o_n, 1, LQ, DIM, q0),
+            query_slice(q_ptr, o_n, 2, LQ, DIM, q0), query_slice(q_ptr, o_n, 3, LQ, DIM, q0))
+
+
+@triton.jit
+def run_start(cu_ptr, i_run, docs_per_program, Nd, N: tl.constexpr):
+    """Run i_run's documents: (j_hi, t_lo, t_hi: its token range, then the walk's state j, lo, hi,
+    b_carry at its first document)."""
+    j_lo = (i_run * docs_per_program).to(tl.int64)
+    j_hi = tl.minimum(j_lo + docs_per_program, Nd)
+    t_lo = tl.load(cu_ptr + j_lo)
+    t_hi = tl.load(cu_ptr + j_hi)
+    hi = tl.load(cu_ptr + j_lo + 1, mask=j_lo < j_hi, other=0)
+    return j_hi, t_lo, t_hi, j_lo, t_lo, hi, tl.full([N], float("-inf"), dtype=tl.float32)
+
+
+@triton.jit
+def segment_max(b_s, t0, j, j_hi, lo, hi, b_carry, cu_ptr, out_ptr, o_qb, m_qb, Nd, BT: tl.constexpr,
+                G: tl.constexpr, LQ: tl.constexpr, QPB: tl.constexpr):
+    """One tile's scores b_s [BT, N] (tokens t0 : t0 + BT, documents padded to multiples of G)
+    folded into the documents they belong to: each document that ends in the tile has its score
+    (sum over its query's LQ rows of the max over its tokens) stored in out [Nq, Nd] at column j;
+    the one running past the tile carries its partial max [N]. Returns (j, lo, hi, b_carry) for
+    the next tile (lo, hi: document j's token range)."""
+    NG: tl.constexpr = BT // G
+    N: tl.constexpr = QPB * LQ
+    NEG_INF: tl.constexpr = float("-inf")
+    o_g = tl.arange(0, NG) * G
+    b_r = tl.reduce(tl.reshape(b_s, [NG, G, N]), 1, max_nan)  # [NG, N]: groups never straddle documents
+    while (j < j_hi) & (hi <= t0 + BT):  # every document that ends in this tile
+        hi_next = tl.load(cu_ptr + j + 2, mask=j + 1 < j_hi, other=0)
+        inside = (t0 + o_g >= lo) & (t0 + o_g < hi)
+        b_max = max_nan(tl.reduce(tl.where(inside[:, None], b_r, NEG_INF), 0, max_nan), b_carry)  # [N]
+        b_score = tl.sum(tl.reshape(tl.where(hi > lo, b_max, 0.0), [QPB, LQ]), axis=1)  # [QPB]
+        tl.store(out_ptr + o_qb.to(tl.int64) * Nd + j, b_score, mask=m_qb)
+        b_carry = tl.full([N], NEG_INF, dtype=tl.float32)
+        j += 1
+        lo = hi
+        hi = hi_next
+    if j < j_hi:  # document j runs on past this tile
+        inside = (t0 + o_g >= lo) & (t0 + o_g < hi)
+        b_carry = max_nan(b_carry, tl.reduce(tl.where(inside[:, None], b_r, NEG_INF), 0, max_nan))
+    return j, lo, hi, b_carry
 
 
 @triton.jit(do_not_specialize=["Nq", "Nd", "num_centroids", "docs_per_program", "n_runs"])
@@ -153,32 +205,16 @@ def _residual_lut_kernel(
     as they are, undecoded."""
     N: tl.constexpr = QPB * LQ
     W: tl.constexpr = DIM * NBITS // 8
-    NG: tl.constexpr = BT // G
-    NEG_INF: tl.constexpr = float("-inf")
     pid = tl.program_id(0)
     i_run = pid % n_runs  # runs vary fastest: one query group's tables stay in L2 while it runs
     q0 = (pid // n_runs) * QPB
     o_n = tl.arange(0, N)
-    b_qs = tl.load(qs_ptr + q0 * LQ + o_n)  # [N]
-    b_cn = -MAGIC * b_qs  # exact (22-bit qs)
+    b_qs, b_cn, b_q0, b_q1, b_q2, b_q3 = query_rows(q_ptr, qs_ptr, q0, LQ, DIM, QPB)
     p_tab = tab_ptr + (q0 + o_n // LQ).to(tl.int64)[None, :] * num_centroids * LQ + (o_n % LQ)[None, :]  # [1, N]
-    b_q0 = _slice_query(q_ptr, o_n, 0, LQ, DIM, q0)
-    b_q1 = _slice_query(q_ptr, o_n, 1, LQ, DIM, q0)
-    b_q2 = _slice_query(q_ptr, o_n, 2, LQ, DIM, q0)
-    b_q3 = _slice_query(q_ptr, o_n, 3, LQ, DIM, q0)
     o_qb = q0 + tl.arange(0, QPB)
     m_qb = o_qb < Nq
-
-    j_lo = (i_run * docs_per_program).to(tl.int64)
-    j_hi = tl.minimum(j_lo + docs_per_program, Nd)
-    t_lo = tl.load(cu_ptr + j_lo)
-    t_hi = tl.load(cu_ptr + j_hi)
-    j = j_lo
-    b_carry = tl.full([N], NEG_INF, dtype=tl.float32)
-    lo = t_lo
-    hi = tl.load(cu_ptr + j + 1, mask=j < j_hi, other=0)
+    j_hi, t_lo, t_hi, j, lo, hi, b_carry = run_start(cu_ptr, i_run, docs_per_program, Nd, N)
     o_tt = tl.arange(0, BT)
-    o_g = tl.arange(0, NG) * G
     # The next tile's bytes are loaded while this one is scored (registers as the second buffer).
     b_w0, b_w1, b_inv, b_tab = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, t_hi, o_tt, num_centroids, W,
                                           NBITS, LQ, N, NO_TABLE)
@@ -211,23 +247,11 @@ def _residual_lut_kernel(
         if ABLATE == 1:  # ablation: one max over the tile, no document boundaries
             b_carry = max_nan(b_carry, tl.reduce(b_s, 0, max_nan))
         else:
-            b_r = tl.reduce(tl.reshape(b_s, [NG, G, N]), 1, max_nan)  # [NG, N]: groups never straddle documents
-            while (j < j_hi) & (hi <= t0 + BT):  # every document that ends in this tile
-                hi_next = tl.load(cu_ptr + j + 2, mask=j + 1 < j_hi, other=0)
-                inside = (t0 + o_g >= lo) & (t0 + o_g < hi)
-                b_max = max_nan(tl.reduce(tl.where(inside[:, None], b_r, NEG_INF), 0, max_nan), b_carry)  # [N]
-                b_score = tl.sum(tl.reshape(tl.where(hi > lo, b_max, 0.0), [QPB, LQ]), axis=1)  # [QPB]
-                tl.store(out_ptr + o_qb.to(tl.int64) * Nd + j, b_score, mask=m_qb)
-                b_carry = tl.full([N], NEG_INF, dtype=tl.float32)
-                j += 1
-                lo = hi
-                hi = hi_next
-            if j < j_hi:  # document j runs on past this tile
-                inside = (t0 + o_g >= lo) & (t0 + o_g < hi)
-                b_carry = max_nan(b_carry, tl.reduce(tl.where(inside[:, None], b_r, NEG_INF), 0, max_nan))
+            j, lo, hi, b_carry = segment_max(b_s, t0, j, j_hi, lo, hi, b_carry, cu_ptr, out_ptr, o_qb, m_qb, Nd,
+                                             BT, G, LQ, QPB)
         b_w0, b_w1, b_inv, b_tab = n_w0, n_w1, n_inv, n_tab
     if ABLATE == 1:
-        tl.store(out_ptr + o_qb.to(tl.int64) * Nd + j_lo, tl.sum(tl.reshape(b_carry, [QPB, LQ]), axis=1), mask=m_qb)
+        tl.store(out_ptr + o_qb.to(tl.int64) * Nd + i_run * docs_per_program, tl.sum(tl.reshape(b_carry, [QPB, LQ]), axis=1), mask=m_qb)
 
 
 @triton.jit
@@ -348,16 +372,17 @@ def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.
     return LutLayout(out_codes, out_cid, out_inv, cu_p, codec.nbits, lut, scale, group)
 
 
-def _round22(x: torch.Tensor) -> torch.Tensor:
+def round22(x: torch.Tensor) -> torch.Tensor:
     """fp32 x truncated to 22 significant bits (so 1.5 * 2**23 * x is exact in fp32)."""
     return (x.float().contiguous().view(torch.int32) & ~0x3).view(torch.float32)
 
 
-def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q_mask=None, qpb: int = 1,
-                    table_dtype=torch.float16, rows: int | None = None):
-    """(q~ [Nq_pad, LQ, d] int8, qs [Nq_pad, LQ] fp32, T [Nq_pad, C, LQ], LQ) for Q ``[Nq, Lq, d]``:
-    rows quantised to int8 with one scale each, qs = s_j * s_r, T = Q @ C^T (masked and padding
-    rows 0, so they add nothing to a score). LQ: ``rows`` (>= Lq), else the next power of two >= 16."""
+def quantized_rows(Q: torch.Tensor, *, q_mask=None, qpb: int = 1, rows: int | None = None,
+                   column_scales: torch.Tensor | None = None):
+    """(q~ [Nq_pad, LQ, d] int8, s [Nq_pad, LQ] fp32 (0 on zero rows), q [Nq_pad, LQ, d] fp32, LQ)
+    for Q ``[Nq, Lq, d]``: q holds Q (times ``column_scales [d]`` when given) with masked and
+    padding rows 0 (Nq_pad: Nq rounded up to ``qpb``); each row quantised to int8 with one scale,
+    q ~= s q~. LQ: ``rows`` (>= Lq), else the next power of two >= 16."""
     Nq, Lq, dim = Q.shape
     LQ = max(16, triton.next_power_of_2(Lq)) if rows is None else rows
     if LQ < Lq:
@@ -367,12 +392,38 @@ def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q
     q[:Nq, :Lq] = Q.float()
     if q_mask is not None:
         q[:Nq, :Lq] *= q_mask.to(device=Q.device, dtype=torch.float32)[..., None]
-    amax = q.abs().amax(-1)  # [Nq_pad, LQ]
+    scaled = q if column_scales is None else q * column_scales.to(device=Q.device, dtype=torch.float32)
+    amax = scaled.abs().amax(-1)  # [Nq_pad, LQ]
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    q8 = torch.round(q / s[..., None]).clamp(-127, 127).to(torch.int8)
-    qs = _round22(torch.where(amax > 0, s * scale, torch.zeros_like(s)))
+    q8 = torch.round(scaled / s[..., None]).clamp(-127, 127).to(torch.int8)
+    return q8.contiguous(), torch.where(amax > 0, s, torch.zeros_like(s)), q, LQ
+
+
+def prepare_queries(Q: torch.Tensor, centroids: torch.Tensor, scale: float, *, q_mask=None, qpb: int = 1,
+                    table_dtype=torch.float16, rows: int | None = None):
+    """(q~ [Nq_pad, LQ, d] int8, qs [Nq_pad, LQ] fp32, T [Nq_pad, C, LQ], LQ) for Q ``[Nq, Lq, d]``:
+    rows quantised to int8 with one scale each (:func:`quantized_rows`), qs = s_j * s_r, T = Q @ C^T
+    (masked and padding rows 0, so they add nothing to a score)."""
+    q8, s, q, LQ = quantized_rows(Q, q_mask=q_mask, qpb=qpb, rows=rows)
+    qs = round22(s * scale)
     tab = torch.matmul(centroids.to(device=Q.device, dtype=torch.float32), q.transpose(1, 2)).to(table_dtype)  # [n, C, LQ]
-    return q8.contiguous(), qs.contiguous(), tab.contiguous(), LQ
+    return q8, qs.contiguous(), tab.contiguous(), LQ
+
+
+def document_range(layout, Nq: int, docs, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu [Nd + 1] of ``docs = (lo, hi)`` (None: all) in a layout, the zeroed scores [Nq, Nd] fp32:
+    an empty document keeps its 0)."""
+    lo, hi = (0, layout.num_docs) if docs is None else docs
+    return layout.cu[lo:hi + 1], torch.zeros(Nq, hi - lo, dtype=torch.float32, device=device)
+
+
+def run_grid(Nd: int, waves: int, device) -> tuple[int, int]:
+    """(documents a run, runs): ``waves`` programs an SM (one in the interpreter) over Nd documents."""
+    from maxsim.tuning import multiprocessors
+
+    slots = 1 if interpreting() else waves * multiprocessors(device.index or 0)
+    docs_per_program = max(1, -(-Nd // max(1, slots)))
+    return docs_per_program, -(-Nd // docs_per_program)
 
 
 def lut_scores(Q: torch.Tensor, layout: LutLayout, centroids: torch.Tensor, *, q_mask=None, qpb: int = 1,
@@ -382,22 +433,16 @@ def lut_scores(Q: torch.Tensor, layout: LutLayout, centroids: torch.Tensor, *, q
     Q's device (``docs``: ``(lo, hi)``, only documents lo..hi-1, Nd = hi - lo): the residual term
     on the int8 tensor cores (query quantised per row), the centroid term from ``Q @ C^T``, each
     token divided by its stored norm."""
-    from maxsim.tuning import multiprocessors
-
     Nq = Q.shape[0]
-    lo, hi = (0, layout.num_docs) if docs is None else docs
-    cu = layout.cu[lo:hi + 1]
-    Nd = hi - lo
-    out = torch.zeros(Nq, Nd, dtype=torch.float32, device=Q.device)  # empty documents score 0
+    cu, out = document_range(layout, Nq, docs, Q.device)
+    Nd = out.shape[1]
     if Nq == 0 or Nd == 0:
         return out
     q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, q_mask=q_mask, qpb=qpb, table_dtype=table_dtype)
     lut_t = torch.tensor(layout.lut, dtype=torch.int8, device=Q.device)
     interpret = interpreting()
+    docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     n_qgroups = q8.shape[0] // qpb
-    slots = 1 if interpret else waves * multiprocessors(Q.device.index or 0)
-    docs_per_program = max(1, -(-Nd // max(1, slots)))
-    n_runs = -(-Nd // docs_per_program)
     asms = [decoder_asm(layout.nbits, s % (4 if layout.nbits == 2 else 2), layout.lut) for s in range(4)]
     _residual_lut_kernel[(n_runs * n_qgroups,)](
         layout.codes, layout.cid, layout.inv_norm, cu, q8, qs, tab, lut_t, out,

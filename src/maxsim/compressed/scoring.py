@@ -232,6 +232,29 @@ def lookup_scores(Q, q_mask, layout, codec, choice, docs=None):
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], waves=cfg["waves"], docs=docs)
 
 
+def pq_lookup_scorer(Q, q_mask, pq):
+    """The PQ look-up scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]``
+    against ``pq``'s codes on Q's device, or why it cannot run (a str)."""
+    if backend_for(Q.device) != "triton":
+        return f"tensors on {Q.device} run the PyTorch backend"
+    needs_grad = torch.is_grad_enabled() and Q.requires_grad
+    choice, rejected = _select.pq_lookup_choice(Q.shape[0], Q.shape[1], pq.dim, pq.sub_dim, Q.dtype,
+                                                q_mask is not None, needs_grad, device_of(Q)[1])
+    if choice is None:
+        return "; ".join(f"{name} {why}" for name, why in rejected)
+    return choice
+
+
+def pq_lookup_scores(Q, q_mask, layout, choice, docs=None):
+    """Scores ``[Nq, Nd]`` fp32 of ``Q [Nq, Lq, 128]`` against a PQ look-up layout on Q's device
+    (``docs``: ``(lo, hi)``, its documents lo..hi-1), with the tile ``choice`` names."""
+    from .pq_lut import pq_lut_scores
+
+    cfg = choice.config
+    return pq_lut_scores(Q, layout, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],
+                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], waves=cfg["waves"], docs=docs)
+
+
 def centroid_scores(Q, codec):
     """Q [Nq, Lq, d] -> [Nq, Lq, C] fp32 scores of every query token against every centroid."""
     centroids = codec.centroids.to(Q.device).float()

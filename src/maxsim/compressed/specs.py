@@ -59,3 +59,18 @@ LOOKUP_TRITON = KernelSpec(
     layouts=("packed",),
     argmax=False,
 )
+
+# The PQ look-up scorer (:mod:`maxsim.compressed.pq_lut`): 4 dimensions a code, d 128 (m 32); the
+# codebooks int8 with one scale a sub-space, the query quantised per row. It reads the corpus's
+# padded layout (:func:`maxsim.compressed.pq_lut.build_layout`), so it serves searches of a stored
+# corpus.
+PQ_LOOKUP = KernelSpec(
+    "compressed.pq_lookup",
+    "Triton: the PQ look-up scorer (each code's 4 int8 coordinates gathered as one 32-bit word of the "
+    "quantised codebooks, split in registers, int8 tensor-core products against the query quantised "
+    "per row)",
+    dtypes=(torch.float16, torch.bfloat16, torch.float32),
+    dims=(128,),
+    layouts=("packed",),
+    argmax=False,
+)

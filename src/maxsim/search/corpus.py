@@ -85,31 +85,30 @@ class CorpusSegment:
             self._offsets_on[key] = torch.from_numpy(self.offsets).to(device)
         return self._offsets_on[key]
 
-    def lookup_layout(self, codec, device: torch.device):
-        """A residual segment's look-up layout on ``device`` (where its codes are), built the first
-        time a search asks for it and kept with the segment (its tokens never change); None when
-        building it would not fit the device's free memory (then the segment is scored by the
-        plane kernel, said once: a ``LookupLayoutWarning``)."""
+    def lookup_layout(self, enc: Encoding, codec, device: torch.device):
+        """A residual or PQ segment's look-up layout on ``device`` (where its codes are;
+        ``enc.build_lookup``), built the first time a search asks for it and kept with the segment
+        (its tokens never change); None when building it would not fit the device's free memory
+        (then the segment is scored by the decoding kernel, said once: a ``LookupLayoutWarning``)."""
         key = str(torch.device(device))
         if self._lookup.get(key) is None:
-            from maxsim.compressed.scoring import lookup_layout, lookup_layout_bytes
-
             self._lookup.clear()  # one device at a time: the layout takes about the codes' bytes again
-            need = lookup_layout_bytes(codec, int(self.embeddings.shape[0]), self.num_documents)
+            need = enc.lookup_bytes(codec, int(self.embeddings.shape[0]), self.num_documents)
             free = _free_device_bytes(torch.device(device))
             layout = None
             if free is None or need * (2 if self._lookup_oom else 1) <= free:  # (an OOM asks for twice the bound)
                 try:
-                    layout = lookup_layout(codec, self.embeddings, self.residuals, self.offsets_on(device))
+                    layout = enc.build_lookup(codec, self.parts(), self.offsets_on(device))
                 except torch.OutOfMemoryError:
                     self._lookup_oom = True
                     free = _free_device_bytes(torch.device(device))
             if layout is None:
                 if not self._lookup_refused:
                     warnings.warn(f"maxsim: the look-up layout of a segment of {int(self.embeddings.shape[0])} "
-                                  f"residual tokens needs up to {need / 2**30:.1f} GiB, "
-                                  f"{'?' if free is None else f'{free / 2**30:.1f}'} GiB of {device} are free: it is scored by the plane kernel (slower); free device "
-                                  "memory, or split the corpus into shards", LookupLayoutWarning, stacklevel=2)
+                                  f"{enc} tokens needs up to {need / 2**30:.1f} GiB, "
+                                  f"{'?' if free is None else f'{free / 2**30:.1f}'} GiB of {device} are free: it is "
+                                  "scored by the decoding kernel (slower); free device memory, or split the corpus "
+                                  "into shards", LookupLayoutWarning, stacklevel=2)
                     self._lookup_refused = True
                 return None
             self._lookup[key] = layout
@@ -143,8 +142,8 @@ class CorpusSegment:
 
 
 class LookupLayoutWarning(UserWarning):
-    """A resident residual segment's look-up layout did not fit the device: the plane kernel
-    scores it."""
+    """A resident residual or PQ segment's look-up layout did not fit the device: the decoding
+    kernel scores it."""
 
 
 def _free_device_bytes(device: torch.device) -> int | None:

@@ -14,8 +14,9 @@ OneByte    ``[d]`` int8 / fp8 e4m3 + fp32      one-byte stream kernel  ``emb`` +
 Residual   an int32 centroid id + ``d *        look-up scorer          ``codes`` + ``res`` +
            nbits / 8`` packed residual bytes   (resident) or decoded   a codec (3)
            (PLAID, ``ResidualCodec``)          planes (streamed)
-PQ         ``[m]`` uint8 codes                 ``maxsim_pq_varlen``    ``codes`` + a codec (3)
-           (``ProductQuantizer``)
+PQ         ``[m]`` uint8 codes                 look-up scorer          ``codes`` + a codec (3)
+           (``ProductQuantizer``)              (resident, pq_lut) or
+                                               ``maxsim_pq_varlen``
 =========  ==================================  ======================  =====================
 
 Each owns: its name and stored dtype, the format version that first held it, its per-token parts,
@@ -239,12 +240,36 @@ class _Coded(Encoding):
             return False
         return same_tables(self.tables(a), self.tables(b))
 
+    # -- the look-up scorer of a resident corpus (a layout built once a segment) ------------------
+    def lookup_choice(self, Q, q_mask, codec):
+        """The look-up scorer's Choice for padded queries ``Q [Nq, Lq, d]``, or why not (a str)."""
+        raise NotImplementedError
+
+    def lookup_scores(self, Q, q_mask, layout, codec, choice, docs):
+        """Scores ``[Nq, hi - lo]`` of documents ``docs = (lo, hi)`` of a segment's layout."""
+        raise NotImplementedError
+
+    def lookup_bytes(self, codec, num_tokens: int, num_docs: int) -> int:
+        """An upper bound on the device bytes :meth:`build_lookup` takes at its peak."""
+        raise NotImplementedError
+
+    def build_lookup(self, codec, parts, cu):
+        """A segment's look-up layout from its per-token ``parts`` and offsets ``cu`` (on the
+        parts' device)."""
+        raise NotImplementedError
+
     def query_batch(self, q, cu, longest, cu_host, *, codec, resident):
         Q, mask = packed_to_padded(q, cu, longest)  # the residual and PQ scorers take padded queries
-        return Q, (None if bool(mask.all()) else mask), None
+        q_mask = None if bool(mask.all()) else mask
+        choice = self.lookup_choice(Q, q_mask, codec) if resident else None  # a resident corpus: the look-up
+        return Q, q_mask, None if isinstance(choice, str) else choice
 
     def score_chunk(self, batch, queries, chunk, segment, start, stop, token_base, *, device, codec):
-        Q, q_mask, _ = batch
+        Q, q_mask, choice = batch
+        if choice is not None and segment.embeddings.device == device:
+            layout = segment.lookup_layout(self, codec, device)  # None: it does not fit the device
+            if layout is not None:
+                return self.lookup_scores(Q, q_mask, layout, codec, choice, (start, stop))
         t0, t1 = int(segment.offsets[start]), int(segment.offsets[stop])
         cu = chunk_offsets(segment.offsets_on(device), start, stop, t0)
         rows = slice(t0 - token_base, t1 - token_base)
@@ -330,25 +355,25 @@ class Residual(_Coded):
     def codec_dim(self, tables):
         return int(tables["centroids"].shape[1])
 
-    def query_batch(self, q, cu, longest, cu_host, *, codec, resident):
-        Q, q_mask, _ = super().query_batch(q, cu, longest, cu_host, codec=codec, resident=resident)
-        choice = None
-        if resident:  # a resident corpus: the look-up scorer on its layout where it runs
-            from maxsim.compressed.scoring import lookup_scorer
+    def lookup_choice(self, Q, q_mask, codec):
+        from maxsim.compressed.scoring import lookup_scorer
 
-            choice = lookup_scorer(Q, q_mask, codec)
-        return Q, q_mask, None if isinstance(choice, str) else choice
+        return lookup_scorer(Q, q_mask, codec)
 
-    def score_chunk(self, batch, queries, chunk, segment, start, stop, token_base, *, device, codec):
-        Q, q_mask, choice = batch
-        if choice is not None and segment.embeddings.device == device:
-            layout = segment.lookup_layout(codec, device)  # None: it does not fit the device
-            if layout is not None:
-                from maxsim.compressed.scoring import lookup_scores
+    def lookup_scores(self, Q, q_mask, layout, codec, choice, docs):
+        from maxsim.compressed.scoring import lookup_scores
 
-                return lookup_scores(Q, q_mask, layout, codec, choice, docs=(start, stop))
-        return super().score_chunk(batch, queries, chunk, segment, start, stop, token_base, device=device,
-                                   codec=codec)
+        return lookup_scores(Q, q_mask, layout, codec, choice, docs=docs)
+
+    def lookup_bytes(self, codec, num_tokens, num_docs):
+        from maxsim.compressed.scoring import lookup_layout_bytes
+
+        return lookup_layout_bytes(codec, num_tokens, num_docs)
+
+    def build_lookup(self, codec, parts, cu):
+        from maxsim.compressed.scoring import lookup_layout
+
+        return lookup_layout(codec, parts[0], parts[1], cu)
 
     def _score_rows(self, Q, q_mask, chunk, rows, cu, codec, longest):
         from maxsim.compressed.scoring import maxsim_residual_varlen
@@ -415,6 +440,26 @@ class PQ(_Coded):
 
     def codec_dim(self, tables):
         return int(tables["codebooks"].shape[0] * tables["codebooks"].shape[2])
+
+    def lookup_choice(self, Q, q_mask, codec):
+        from maxsim.compressed.scoring import pq_lookup_scorer
+
+        return pq_lookup_scorer(Q, q_mask, codec)
+
+    def lookup_scores(self, Q, q_mask, layout, codec, choice, docs):
+        from maxsim.compressed.scoring import pq_lookup_scores
+
+        return pq_lookup_scores(Q, q_mask, layout, choice, docs=docs)
+
+    def lookup_bytes(self, codec, num_tokens, num_docs):
+        from maxsim.compressed.pq_lut import build_bytes
+
+        return build_bytes(num_tokens, num_docs, codec.m)
+
+    def build_lookup(self, codec, parts, cu):
+        from maxsim.compressed.pq_lut import build_layout
+
+        return build_layout(codec, parts[0], cu)
 
     def _score_rows(self, Q, q_mask, chunk, rows, cu, codec, longest):
         from maxsim.compressed.pq import maxsim_pq_varlen

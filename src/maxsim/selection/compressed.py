@@ -93,6 +93,30 @@ def _lookup(nq, lq, d, nbits, dtype, masked, normalize, needs_grad, family):
     return None, tuple(rejected)
 
 
+def pq_lookup_choice(Nq: int, Lq: int, d: int, sub_dim: int, dtype: torch.dtype, masked: bool, needs_grad: bool,
+                     family: str) -> tuple[Choice | None, tuple[tuple[str, str], ...]]:
+    """(the PQ look-up scorer and its tile for a search of a PQ corpus's look-up layout, or None;
+    why it was not taken). It scores with the query quantised to int8 a row and int8 codebooks, so
+    it serves inference."""
+    return _pq_lookup(next_pow2(max(Nq, 1)), Lq, d, sub_dim, dtype, masked, needs_grad, family)
+
+
+@functools.lru_cache(maxsize=512)
+def _pq_lookup(nq, lq, d, sub_dim, dtype, masked, needs_grad, family):
+    spec = specs.PQ_LOOKUP
+    why = spec.unsupported(call_of(dtype, d, "packed", masked, False, needs_grad, family))
+    if why is None and sub_dim != 4:
+        why = f"gathers 4 dimensions a code (one 32-bit word), not {sub_dim}"
+    if why is not None:
+        return None, ((spec.name, why),)
+    f = dict(rows=32 * nq)
+    rule = first_match(T.PQ_LOOKUP_SM90, f)
+    config = tile_of(rule, f)
+    if family == "interpreter":
+        config.update(waves=1, num_warps=4, num_stages=1)
+    return Choice(spec, config, rule.name, rule.record), ()
+
+
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
                      decode_dtype=None, requires_grad: bool = False, gpu: str | None = None,
                      quantize_query: bool = False):

@@ -331,6 +331,13 @@ LOOKUP_TRITON_SM90 = (
     Rule("several queries", When(), _T(qpb=2, BT=128, num_warps=4, num_stages=3, waves=8), _LOOKUP_RECORD),
 )
 
+# The PQ look-up scorer (maxsim.compressed.pq_lut), same knobs as the residual's Triton scorer.
+_PQ_LOOKUP_RECORD = "BENCHMARKS.md, PQ codes on the int8 tensor cores (benchmarks/pq_probe.py, 2026-12-06)"
+PQ_LOOKUP_SM90 = (
+    Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, num_warps=4, num_stages=3, waves=8), _PQ_LOOKUP_RECORD),
+    Rule("several queries", When(), _T(qpb=2, BT=128, num_warps=4, num_stages=3, waves=8), _PQ_LOOKUP_RECORD),
+)
+
 # --- families ----------------------------------------------------------------------------------
 
 # Applied to the sm90 choice on GPUs nobody measured: what every CUDA GPU from sm80 on holds.

@@ -1,0 +1,162 @@
+"""Probe: the PQ scorer at the speed of its bytes (issue 54, point 3). Needs a GPU.
+
+    python benchmarks/pq_probe.py [--docs 1000000] [--out results/pq_probe.json]
+
+One query (and 32) x ``--docs`` documents of 32-96 tokens, d 128, pq32 (32 sub-spaces of 4
+dimensions, 256 centroids each), codes drawn at random:
+
+- ``lut``: :mod:`maxsim.compressed.pq_lut` (each code's int8 sub-vector gathered as one 32-bit
+  word, int8 tensor-core dot against the quantised query, max and sum fused), over a few tiles;
+  checked first against its float64 emulation on the first documents;
+- ``stream``: today's ``maxsim_pq_varlen`` (the stream kernel decoding fp16 sub-vectors on chip);
+- ``fp16``: ``maxsim.maxsim_varlen`` on the corpus decoded to fp16 (the bar's baseline);
+- ``bytes``: the layout's codes read once by a plain reduction (the stream's floor).
+
+Each provider runs in its own process (``_isolate``); times are medians of
+``triton.testing.do_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _isolate import run_isolated  # noqa: E402
+
+DIM, LQ, M, SEED = 128, 32, 32, 0
+
+
+def median_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def make_case(docs: int, device="cuda"):
+    """(pq, codes [T, M] uint8, cu [Nd + 1] int64): a fixed seed."""
+    from maxsim.compressed.pq import ProductQuantizer
+
+    g = torch.Generator(device=device).manual_seed(SEED)
+    pq = ProductQuantizer(torch.randn(M, 256, DIM // M, device=device, generator=g) * 0.09)
+    lengths = torch.randint(32, 97, (docs,), device=device, generator=g)
+    cu = torch.zeros(docs + 1, dtype=torch.int64, device=device)
+    cu[1:] = torch.cumsum(lengths, 0)
+    codes = torch.randint(0, 256, (int(cu[-1]), M), device=device, generator=g, dtype=torch.uint8)
+    return pq, codes, cu
+
+
+def queries(n: int, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(SEED + 1)
+    return torch.nn.functional.normalize(torch.randn(n, LQ, DIM, device=device, generator=g), dim=-1).half()
+
+
+def lut_cell(docs: int, variants: list) -> dict:
+    from maxsim.compressed.pq_lut import build_layout, pq_lut_emulation, pq_lut_scores
+
+    pq, codes, cu = make_case(docs)
+    t = time.perf_counter()
+    layout = build_layout(pq, codes, cu)
+    torch.cuda.synchronize()
+    out = dict(tokens=codes.shape[0], padded_tokens=layout.codes.shape[0], layout_bytes=layout.nbytes(),
+               build_s=time.perf_counter() - t)
+    small = 2000
+    lay_s = build_layout(pq, codes[: int(cu[small])], cu[: small + 1])
+    Qc = queries(3)
+    got = pq_lut_scores(Qc, lay_s).double().cpu()
+    ref = pq_lut_emulation(Qc, lay_s)
+    out["emulation_max_abs"] = float((got - ref).abs().max())
+    out["emulation_ok"] = bool(torch.allclose(got, ref, rtol=1e-5, atol=1e-4))
+    exact = torch.stack([maxsim_decoded(Qc[i], pq, codes, cu, small) for i in range(3)])
+    out["vs_decoded_max_abs"] = float((got - exact).abs().max())
+    out["top10_vs_decoded"] = sum(len(set(got[i].topk(10).indices.tolist()) & set(exact[i].topk(10).indices.tolist()))
+                                  for i in range(3)) / 30
+    print("  correctness", {k: v for k, v in out.items() if "emul" in k or "decoded" in k}, flush=True)
+    Q1, Q32 = queries(1), queries(32)
+    for v in variants:
+        v = dict(v)
+        label = v.pop("label")
+        Q = Q1 if v.pop("queries", 1) == 1 else Q32
+        try:
+            ms = median_ms(lambda: pq_lut_scores(Q, layout, **v))
+        except Exception as e:  # a tile that does not compile is a cell, not a dead run
+            ms = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+        out[label] = ms
+        print(f"  lut {label:28s} {ms if isinstance(ms, str) else format(ms, '.3f')}", flush=True)
+    out["bytes_ms"] = median_ms(lambda: layout.codes.view(torch.int32).sum(dtype=torch.int32))
+    return out
+
+
+def maxsim_decoded(q, pq, codes, cu, docs):
+    """float64 scores of one query [LQ, d] against the first ``docs`` documents, decoded."""
+    x = pq.decode(codes[: int(cu[docs])]).double()
+    s = q.double() @ x.T  # [LQ, t]
+    out = torch.zeros(docs, dtype=torch.float64, device=q.device)
+    for j in range(docs):
+        lo, hi = int(cu[j]), int(cu[j + 1])
+        out[j] = s[:, lo:hi].amax(-1).sum()
+    return out.cpu()
+
+
+def stream_cell(docs: int) -> dict:
+    from maxsim.compressed.pq import maxsim_pq_varlen
+
+    pq, codes, cu = make_case(docs)
+    return {f"stream_q{nq}_ms": median_ms(lambda: maxsim_pq_varlen(queries(nq), codes, cu, pq)) for nq in (1, 32)}
+
+
+def fp16_cell(docs: int) -> dict:
+    import maxsim
+
+    pq, codes, cu = make_case(docs)
+    decoded = pq.decode(codes).half()
+    del codes
+    max_len = int((cu[1:] - cu[:-1]).max())
+    out = {}
+    for nq in (1, 32):
+        q = queries(nq).reshape(-1, DIM)
+        cu_q = torch.arange(nq + 1, device=q.device) * LQ
+        out[f"fp16_q{nq}_ms"] = median_ms(lambda: maxsim.maxsim_varlen(q, decoded, cu_q, cu, max_seqlen_q=LQ,
+                                                                      max_seqlen_d=max_len))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--docs", type=int, default=1_000_000)
+    p.add_argument("--out", default=None)
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: fp16 stream")
+    args = p.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    variants = [dict(label="BT128 w4 waves4"), dict(label="BT128 w4 waves8", waves=8),
+                dict(label="BT64 w4 waves8", block_tokens=64, waves=8),
+                dict(label="BT128 w8 waves4", num_warps=8), dict(label="BT256 w8 waves4", block_tokens=256, num_warps=8),
+                dict(label="q32 qpb1", queries=32), dict(label="q32 qpb2", queries=32, qpb=2),
+                dict(label="q32 qpb4 w8", queries=32, qpb=4, num_warps=8)]
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), docs=args.docs)
+    skipped = dict(status="error", error="skipped")
+    res["lut"] = run_isolated(lut_cell, args.docs, variants, timeout_s=args.timeout)
+    res["fp16"] = skipped if "fp16" in args.skip else run_isolated(fp16_cell, args.docs, timeout_s=args.timeout)
+    print("fp16", res["fp16"], flush=True)
+    res["stream"] = skipped if "stream" in args.skip else run_isolated(stream_cell, args.docs, timeout_s=args.timeout)
+    print("stream", res["stream"], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    base, lut = res["fp16"], res["lut"]
+    print(f"\n{'pq32, ' + str(args.docs) + ' docs':34s} {'ms':>8s} {'x fp16':>7s}")
+    for key, val in lut.items():
+        if isinstance(val, float) and key.endswith(("waves4", "waves8", "qpb1", "qpb2", "w8")) or key == "bytes_ms":
+            ref = base.get("fp16_q32_ms" if key.startswith("q32") else "fp16_q1_ms")
+            ratio = f"{ref / val:.2f}" if isinstance(ref, float) and isinstance(val, float) else ""
+            print(f"{key:34s} {val:8.3f} {ratio:>7s}")
+
+
+if __name__ == "__main__":
+    main()
