@@ -420,6 +420,23 @@ def test_inference_reads_the_bytes_in_the_stream_kernel(format, dtype, monkeypat
         maxsim_quantized_varlen(Q_host.to(**on), values, scales, cu, quantize_query="yes")
 
 
+@pytest.mark.parametrize("format", FORMATS)
+def test_scales_are_the_correctly_rounded_quotient_on_every_device(format):
+    """scale = amax / limit rounded once (fp32), so a token quantises to the same bytes on the CPU
+    and on a GPU: CUDA divides by a Python scalar as a product with its reciprocal, 1 ulp away for
+    some amax, which moved e4m3 values across a rounding boundary (seed 2617039553 of
+    test_inference_reads_the_bytes_in_the_stream_kernel: a query byte one step off, a score 2.34)."""
+    x = _tokens(4096, 16) * (1 + torch.rand(4096, 1, dtype=torch.float32))
+    limit = 127.0 if format == "int8" else 448.0
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        values, scales = quantize_tokens(x.to(device), format)
+        want = (x.double().abs().amax(-1) / limit).float()
+        assert torch.equal(scales.cpu(), want), device
+        if device == "cuda":  # the same bytes as the CPU's
+            cpu_values, _ = quantize_tokens(x, format)
+            assert torch.equal(values.cpu().view(torch.uint8), cpu_values.view(torch.uint8))
+
+
 # ---------------------------------------------------------------------- bad input
 def test_scoring_bad_input():
     values, scales = quantize_tokens(torch.randn(4, 5, 8))

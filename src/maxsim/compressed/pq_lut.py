@@ -105,7 +105,7 @@ def quantized_codebooks(codebooks: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     coordinates low byte first; scales ``[m]`` fp32, one per sub-space: c ~= scale * c~)."""
     cb = codebooks.detach().float()
     amax = cb.abs().amax(dim=(1, 2))  # [m]
-    scales = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    scales = torch.where(amax > 0, amax / torch.full((), 127.0, device=cb.device), torch.ones_like(amax))
     c8 = torch.round(cb / scales[:, None, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [m, 256, 4]
     return c8.view(torch.int32).reshape(cb.shape[0], cb.shape[1]).contiguous(), scales
 

@@ -74,7 +74,9 @@ def quantize_tokens(x, format="int8"):
     step = max(1, _QUANTIZE_CHUNK_BYTES // (8 * dim))
     for start in range(0, total, step):
         chunk = rows[start:start + step].detach().float()  # [n, d]; the stored corpus carries no graph
-        chunk_scales = chunk.abs().amax(dim=-1) / limit  # [n]
+        # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal, whose
+        # rounding can differ from the CPU's quotient and move a value across a rounding boundary
+        chunk_scales = chunk.abs().amax(dim=-1) / torch.full((), limit, dtype=torch.float32, device=chunk.device)
         # an all-zero token keeps scale 0; dividing by 1 there leaves its zeros as they are
         safe = torch.where(chunk_scales > 0, chunk_scales, torch.ones_like(chunk_scales))
         scaled = (chunk / safe[:, None]).clamp_(-limit, limit)  # rounding may overshoot by an ulp

@@ -394,7 +394,8 @@ def quantized_rows(Q: torch.Tensor, *, q_mask=None, qpb: int = 1, rows: int | No
         q[:Nq, :Lq] *= q_mask.to(device=Q.device, dtype=torch.float32)[..., None]
     scaled = q if column_scales is None else q * column_scales.to(device=Q.device, dtype=torch.float32)
     amax = scaled.abs().amax(-1)  # [Nq_pad, LQ]
-    s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    # a tensor divisor (true division on every device: CUDA's scalar division is a reciprocal's product)
+    s = torch.where(amax > 0, amax / torch.full((), 127.0, device=Q.device), torch.ones_like(amax))
     q8 = torch.round(scaled / s[..., None]).clamp(-127, 127).to(torch.int8)
     return q8.contiguous(), torch.where(amax > 0, s, torch.zeros_like(s)), q, LQ
 
