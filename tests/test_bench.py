@@ -576,10 +576,18 @@ def test_varlen_floor_counts_the_real_tokens():
 # --- floors, output directory, command line -----------------------------------------------------
 
 
-def test_rooflines_only_for_measured_gpus():
+def test_rooflines_only_for_known_gpus():
+    from maxsim.bench.shapes import H100_NVL, H100_PCIE, H100_SXM
+
     assert roofline_for("NVIDIA H200") is H200
+    # each H100 form by the name torch gives it: the PCIe and NVL cards before the generic "H100"
+    assert roofline_for("NVIDIA H100 80GB HBM3") is H100_SXM and H100_SXM.source == "measured"
+    assert roofline_for("NVIDIA H100 PCIe") is H100_PCIE and H100_PCIE.bytes_per_s < H100_SXM.bytes_per_s
+    assert roofline_for("NVIDIA H100 NVL") is H100_NVL and "derived" in H100_NVL.source
     assert roofline_for("NVIDIA A100-SXM4-80GB") is None
     assert roofline_for("CPU (x86_64, 2 cores)") is None
+    notes = bench_runner.table_notes("forward", H100_PCIE, "cuda")
+    assert "H100 PCIe roofline" in notes and "derived from the datasheet" in notes
 
 
 def _row(provider, ms, shape=TINY[0]):

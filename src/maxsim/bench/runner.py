@@ -545,7 +545,8 @@ def table_notes(mode: str, roofline: Roofline | None, device: str) -> str:
         if mode == "train":
             floor += f" + backward bytes / {bw:g} TB/s (backward bytes = read Q and D, write their gradients)"
         notes.append(
-            f"% floor: the {roofline.gpu} roofline floor {floor}, over the measured time (100 = at the floor); "
+            f"% floor: the {roofline.gpu} roofline floor {floor} ({roofline.source}), over the measured time "
+            "(100 = at the floor); "
             "flops = 2 Nq Nd Lq Ld d, bytes = Q + D + masks + fp32 scores.")
     if device == "cuda":
         notes.append("ms: median of calls each after an L2 flush (cold L2).")

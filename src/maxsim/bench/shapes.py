@@ -22,17 +22,25 @@ import torch
 
 @dataclass(frozen=True)
 class Roofline:
-    """A GPU's measured limits (not datasheet peaks), for the ``% floor`` column."""
+    """A GPU's limits for the ``% floor`` column: measured (benchmarks/roofline_probe.py), not
+    datasheet peaks, unless ``source`` says how they were derived."""
 
-    gpu: str  # matched against torch.cuda.get_device_name()
-    bytes_per_s: float  # device-to-device copy bandwidth
-    flops_per_s: float  # dense fp16/bf16 matmul throughput
+    gpu: str  # matched against torch.cuda.get_device_name() (the first entry that matches)
+    bytes_per_s: float  # device-to-device copy bandwidth (bytes read + written)
+    flops_per_s: float  # dense bf16 matmul throughput (cuBLAS, 8192^3)
+    source: str = "measured"
 
 
-# Measured on the H200 the benchmark targets (BENCHMARKS.md, "Method"). A GPU not listed here
-# has no floor: the table leaves the column out rather than divide by another GPU's limits.
+# Measured (BENCHMARKS.md, "Method"): the H200 and the H100 SXM (copy 3.02 TB/s, bf16 694 TFLOP/s;
+# fp16 763). The H100 PCIe and NVL are not lent here: their datasheet peaks (2.0 / 3.9 TB/s,
+# 756 / 835 dense TFLOP/s) times the SXM's measured fractions of its own (0.90 of 3.35 TB/s, 0.70 of
+# 989 TFLOP/s). A GPU not listed has no floor: the table leaves the column out rather than divide
+# by another GPU's limits.
 H200 = Roofline("H200", bytes_per_s=4.3e12, flops_per_s=790e12)
-ROOFLINES = (H200,)
+H100_PCIE = Roofline("H100 PCIe", bytes_per_s=1.80e12, flops_per_s=530e12, source="derived from the datasheet")
+H100_NVL = Roofline("H100 NVL", bytes_per_s=3.51e12, flops_per_s=585e12, source="derived from the datasheet")
+H100_SXM = Roofline("H100", bytes_per_s=3.02e12, flops_per_s=694e12)  # "NVIDIA H100 80GB HBM3"
+ROOFLINES = (H200, H100_PCIE, H100_NVL, H100_SXM)
 HBM_BYTES_PER_S = H200.bytes_per_s
 DENSE_FLOPS_PER_S = H200.flops_per_s
 
