@@ -177,7 +177,11 @@ def main():
     variants = [dict(label="BT128 w4 waves4"), dict(label="BT128 w4 waves8", waves=8),
                 dict(label="BT64 w4 waves8", block_tokens=64, waves=8),
                 dict(label="BT128 w8 waves4", num_warps=8), dict(label="BT256 w8 waves4", block_tokens=256, num_warps=8),
+                dict(label="BT128 w4 s2 waves8", num_stages=2, waves=8),
                 dict(label="q32 qpb1", queries=32), dict(label="q32 qpb2", queries=32, qpb=2),
+                dict(label="q32 qpb2 w8", queries=32, qpb=2, num_warps=8),
+                dict(label="q32 qpb2 BT64", queries=32, qpb=2, block_tokens=64),
+                dict(label="q32 qpb2 waves8", queries=32, qpb=2, waves=8),
                 dict(label="q32 qpb4 w8", queries=32, qpb=4, num_warps=8)]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), docs=args.docs)
