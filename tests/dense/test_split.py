@@ -137,6 +137,26 @@ def test_documents_in_groups_give_the_same_bits(monkeypatch):
     assert torch.equal(parts_arg, whole_arg)
     # each group has its own power of two; the scores agree to fp32 rounding of the sums
     torch.testing.assert_close(parts, whole, rtol=1e-6, atol=0)
+    # the scratch bound is the larger of the floor and a fraction of the documents' bytes
+    launches.clear()
+    monkeypatch.setattr(T, "SPLIT16_CHUNK_BYTES", 1)
+    monkeypatch.setattr(T, "SPLIT16_SCRATCH_FRACTION", (3 * 6 * 3 * 32 * 2) / (D.numel() * 4))  # three a group
+    maxsim.maxsim(Q, D, precision="fp16x3")
+    assert len(launches) == 3
+
+
+def test_split_scratch_is_bounded():
+    """The copy never takes more than 256 MB or 5 % of the documents, whichever is larger; a packed
+    call whose copy would pass it takes the on-chip split (no copy)."""
+    from maxsim.selection.common import precision_choice
+
+    assert T.split16_scratch_bytes(1 << 20) == 256 << 20
+    assert T.split16_scratch_bytes(40 << 30) == 2 << 30
+    values = 64 << 20  # 256 MB of fp32 documents: a 384 MB copy
+    dot, why = precision_choice(torch.float32, "auto", "sm90", rows=4096, doc_values=values, packed=True)
+    assert dot == "fp16x3" and "scratch limit" in why
+    dot, _ = precision_choice(torch.float32, "auto", "sm90", rows=4096, doc_values=values // 4, packed=True)
+    assert dot == "fp16x3-copy"
 
 
 def test_gradients_are_the_ieee_paths(way):

@@ -53,10 +53,10 @@ def _run_forward(Q, D, q_mask, d_mask, normalize, multiply, save_argmax, plan_ke
 def _run_forward_split(Q, D, q_mask, d_mask, normalize, multiply, save_argmax):
     """fp32 Q [Nq, Lq, d], D [G, Nd, Ld, d] through the 16-bit kernels on their fp16 split
     (:mod:`maxsim._split`, width 3d), the documents in groups whose copy stays under
-    ``SPLIT16_CHUNK_BYTES``. Same scores (to fp32 accuracy) and the same argmax."""
+    ``split16_scratch_bytes`` (256 MB or 5 % of D). Same scores (to fp32 accuracy) and the same argmax."""
     q3, q_exp = split_fp16x3(Q, document=False, normalize=normalize)  # [Nq, Lq, 3d] fp16
     G, Nd, Ld, d = D.shape
-    step = max(1, T.SPLIT16_CHUNK_BYTES // max(1, G * Ld * 3 * d * 2))
+    step = max(1, T.split16_scratch_bytes(D.numel() * 4) // max(1, G * Ld * 3 * d * 2))
     parts = []
     for start in range(0, max(Nd, 1), step):
         d3, d_exp = split_fp16x3(D[:, start:start + step], document=True, normalize=normalize)  # [G, n, Ld, 3d]

@@ -101,9 +101,11 @@ def precision_choice(dtype: torch.dtype, precision: str, family: str, rows: int 
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a small call ({rows * doc_values / 1e9:.2g}G products "
                           f"< {T.SPLIT16_MIN_PRODUCTS / 1e9:.2g}G), where the copy's extra launches cost more "
                           f"host time than its product saves")
-    if copy_bytes > T.SPLIT16_MAX_PACKED_BYTES:
+    limit = T.split16_scratch_bytes(doc_values * 4)
+    if copy_bytes > limit:
         return "fp16x3", (f"{_PRECISION_WORDS['fp16x3']}: a copy of the packed documents would take "
-                          f"{copy_bytes / 2**30:.1f} GiB, past the {T.SPLIT16_MAX_PACKED_BYTES / 2**30:.0f} GiB limit")
+                          f"{copy_bytes / 2**20:.0f} MiB, past the scratch limit ({limit / 2**20:.0f} MiB: 256 MiB "
+                          f"or 5 % of the documents)")
     return "fp16x3-copy", (f"{_PRECISION_WORDS['fp16x3-copy']}: {rows} query rows share each document token "
                            f"(>= {T.SPLIT16_MIN_ROWS}), where the product sets the time")
 

@@ -54,8 +54,16 @@ SPLIT16_MIN_ROWS = 64
 # Ld 512-1030: results/fp32-train-split-20261204-2117.log).
 SPLIT16_MIN_PRODUCTS = 1 << 33
 SPLIT16_MIN_PRODUCTS_TRAINING = 1 << 36
-SPLIT16_CHUNK_BYTES = 1 << 30
-SPLIT16_MAX_PACKED_BYTES = 4 << 30  # packed documents are split whole: auto makes no larger copy
+# The copy's scratch stays within max(SPLIT16_CHUNK_BYTES, SPLIT16_SCRATCH_FRACTION x the fp32
+# documents' bytes) (issue 56: at most 256 MB or 5 % of the inputs): padded documents are split in
+# groups of that many bytes of copy; packed documents are split whole, so auto copies no more.
+SPLIT16_CHUNK_BYTES = 256 << 20
+SPLIT16_SCRATCH_FRACTION = 0.05
+
+
+def split16_scratch_bytes(document_bytes: int) -> int:
+    """The most bytes of fp16 split copy a call of fp32 documents of ``document_bytes`` may hold."""
+    return max(SPLIT16_CHUNK_BYTES, int(SPLIT16_SCRATCH_FRACTION * document_bytes))
 
 # --- dense forward, warp-specialized (Gluon) kernel ------------------------------------------
 # tile: BM (query rows a program), BN (document tokens a tile), num_stages (its ring of tiles).
