@@ -297,3 +297,25 @@ def test_forced_tile_for_tuning_sweeps(monkeypatch):
     plan = select.forward_plan(Q, D, None, None, False, False, False)
     # The forced tile, on the Triton kernel: the Gluon kernel does not take this small call.
     assert plan.config == tile and not plan.warp_specialized
+
+
+def test_an_unmeasured_gpu_takes_the_clamped_choices_said_once(monkeypatch):
+    """A GPU the tables were not measured on (here an sm80 card, faked) is family "unmeasured", with
+    one UntunedGPUWarning naming it; Hopper cards (H100, H200) are "sm90" and say nothing."""
+    import warnings
+
+    from maxsim import tuning
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA A100-SXM4-80GB")
+    tuning.gpu_family.cache_clear()
+    try:
+        with pytest.warns(tuning.UntunedGPUWarning, match="A100-SXM4-80GB .sm80."):
+            assert tuning.gpu_family(0) == "unmeasured"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", tuning.UntunedGPUWarning)
+            assert tuning.gpu_family(0) == "unmeasured"  # said once a device
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+            assert tuning.gpu_family(1) == "sm90"
+    finally:
+        tuning.gpu_family.cache_clear()

@@ -7,6 +7,7 @@ Nothing here chooses a kernel: :mod:`maxsim.selection` reads these tables.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -15,13 +16,25 @@ from maxsim.tuning.rules import next_pow2
 FAMILIES = ("sm90", "unmeasured", "interpreter")
 
 
+class UntunedGPUWarning(UserWarning):
+    """The GPU is not one the tile tables were measured on: Hopper's choices, clamped, are used."""
+
+
 @functools.lru_cache(maxsize=16)
 def gpu_family(device_index: int) -> str:
     """The tile tables' family of a device: ``"interpreter"`` (index -1: Triton's CPU
-    interpreter), ``"sm90"`` (Hopper: measured on an H200) or ``"unmeasured"`` (any other GPU)."""
+    interpreter), ``"sm90"`` (Hopper: measured on the H100 and the H200) or ``"unmeasured"`` (any
+    other GPU: the nearest measured family's choices, clamped; said once a device)."""
     if device_index < 0:
         return "interpreter"
-    return "sm90" if torch.cuda.get_device_capability(device_index)[0] == 9 else "unmeasured"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if major == 9:
+        return "sm90"
+    warnings.warn(f"maxsim: the kernels' tiles were measured on Hopper GPUs (H100, H200); "
+                  f"{torch.cuda.get_device_name(device_index)} (sm{major}{minor}) runs Hopper's choices clamped to "
+                  "what every GPU from sm80 holds: the scores are the same, the speed is not tuned "
+                  "(maxsim.explain(...) shows each call's plan)", UntunedGPUWarning, stacklevel=2)
+    return "unmeasured"
 
 
 @functools.lru_cache(maxsize=16)
@@ -35,4 +48,4 @@ def is_big_corpus(doc_tokens: int) -> bool:
     return doc_tokens >= BIG_CORPUS_TOKENS
 
 
-__all__ = ["FAMILIES", "gpu_family", "is_big_corpus", "multiprocessors", "next_pow2"]
+__all__ = ["FAMILIES", "UntunedGPUWarning", "gpu_family", "is_big_corpus", "multiprocessors", "next_pow2"]

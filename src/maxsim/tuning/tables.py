@@ -2,9 +2,10 @@
 
 Each rule names the benchmark record it came from (``record``: a raw file under
 ``benchmarks/results/``, whose numbers and story are in BENCHMARKS.md and benchmarks/HISTORY.md).
-Only the H200 (``sm90``) has been measured. Other GPUs (``unmeasured``) take the sm90 choice
-clamped to what every CUDA GPU from sm80 on holds (:data:`UNMEASURED_CLAMP`): no TMA, at most
-128 x 64 tiles, 2 pipeline stages. The interpreter (CI) runs one program at a time: small tiles,
+Hopper (``sm90``) was measured on the H200 and the H100 (the records name each). Other GPUs
+(``unmeasured``, said once by an ``UntunedGPUWarning``) take the sm90 choice clamped to what every
+CUDA GPU from sm80 on holds (:data:`UNMEASURED_CLAMP`): no TMA, at most 128 x 64 tiles, 2 pipeline
+stages. The interpreter (CI) runs one program at a time: small tiles,
 no pipelining (:data:`INTERPRETER_CLAMP`).
 """
 
