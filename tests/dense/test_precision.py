@@ -71,11 +71,12 @@ def test_auto_takes_the_fp16_split_on_hopper_copied_where_many_rows_share_a_toke
     assert choice == "fp16x3" and "a small call" in why
     assert precision_choice(torch.float32, "fp16x3", "unmeasured", many, big)[0] == "fp16x3-copy"
     assert precision_choice(torch.float32, "auto", "unmeasured", many, big)[0] == "ieee"
-    # packed documents are copied whole: past the limit the split stays on chip, and says so
-    values = T.SPLIT16_MAX_PACKED_BYTES // 6 + 1
-    choice, why = precision_choice(torch.float32, "auto", "sm90", many, values, packed=True)
-    assert choice == "fp16x3" and "GiB limit" in why
-    assert precision_choice(torch.float32, "auto", "sm90", many, values)[0] == "fp16x3-copy"  # dense: in groups
+    # packed documents are copied whole: past the scratch limit the split stays on chip, and says so
+    values = T.split16_scratch_bytes(0) // 6 + 1  # past 256 MB of copy (more than 5 % of these documents)
+    rows = -(-T.SPLIT16_MIN_PRODUCTS // values)  # enough products for the copy
+    choice, why = precision_choice(torch.float32, "auto", "sm90", max(many, rows), values, packed=True)
+    assert choice == "fp16x3" and "scratch limit" in why
+    assert precision_choice(torch.float32, "auto", "sm90", max(many, rows), values)[0] == "fp16x3-copy"  # in groups
     monkeypatch.setattr(T, "SPLIT_FP32_FAMILIES", ("sm80",))
     choice, why = precision_choice(torch.float32, "auto", "sm80", few)
     assert choice == "tf32x3" and "verified on sm80" in why
