@@ -9,8 +9,6 @@ dimensions, 256 centroids each), codes drawn at random:
   word, int8 tensor-core dot against the quantised query, max and sum fused), over a few tiles;
   checked first against its float64 emulation on the first documents;
 - ``stream``: today's ``maxsim_pq_varlen`` (the stream kernel decoding fp16 sub-vectors on chip);
-- ``int8``: the decoded corpus quantised to int8 a token, scored with the tokens as the product's
-  rows (:mod:`maxsim.compressed.onebyte_rows`) beside today's one-byte stream kernel;
 - ``fp16``: ``maxsim.maxsim_varlen`` on the corpus decoded to fp16 (the bar's baseline);
 - ``bytes``: the layout's codes read once by a plain reduction (the stream's floor).
 
@@ -131,47 +129,12 @@ def fp16_cell(docs: int) -> dict:
     return out
 
 
-def int8_cell(docs: int) -> dict:
-    """int8 tokens (the decoded corpus quantised per token): the tokens-as-rows probe
-    (:mod:`maxsim.compressed.onebyte_rows`) beside today's stream kernel (``maxsim_quantized_varlen``)."""
-    from maxsim.compressed.onebyte_rows import int8_rows_emulation, int8_rows_scores
-    from maxsim.compressed.quantized import maxsim_quantized_varlen, quantize_tokens
-
-    pq, codes, cu = make_case(docs)
-    parts = [quantize_tokens(pq.decode(codes[i:i + (1 << 22)]), "int8") for i in range(0, codes.shape[0], 1 << 22)]
-    values, scales = torch.cat([v for v, _ in parts]), torch.cat([s for _, s in parts])
-    del codes, parts
-    small = 2000
-    Qc = queries(3)
-    got = int8_rows_scores(Qc, values, scales, cu[: small + 1]).double().cpu()
-    ref = int8_rows_emulation(Qc, values[: int(cu[small])], scales[: int(cu[small])], cu[: small + 1])
-    out = dict(rows_emulation_max_abs=float((got - ref).abs().max()),
-               rows_emulation_ok=bool(torch.allclose(got, ref, rtol=1e-5, atol=1e-4)))
-    print("  int8 correctness", out, flush=True)
-    for label, nq, kw in (("rows q1 BT128 w4 waves4", 1, {}), ("rows q1 BT128 w4 waves8", 1, dict(waves=8)),
-                          ("rows q1 BT64 w4 waves8", 1, dict(block_tokens=64, waves=8)),
-                          ("rows q1 BT128 w8 waves4", 1, dict(num_warps=8)),
-                          ("rows q32 qpb1", 32, {}), ("rows q32 qpb2", 32, dict(qpb=2)),
-                          ("rows q32 qpb4 w8", 32, dict(qpb=4, num_warps=8))):
-        Q = queries(nq)
-        try:
-            out[label] = median_ms(lambda: int8_rows_scores(Q, values, scales, cu, **kw))
-        except Exception as e:  # a tile that does not compile is a cell, not a dead run
-            out[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-        print(f"  int8 {label:28s} {out[label]}", flush=True)
-    for nq in (1, 32):
-        Q = queries(nq)
-        out[f"stream q{nq}"] = median_ms(lambda: maxsim_quantized_varlen(Q, values, scales, cu))
-    out["bytes_ms"] = median_ms(lambda: (values.view(torch.int32).sum(dtype=torch.int32), scales.sum()))
-    return out
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--out", default=None)
     p.add_argument("--timeout", type=float, default=300)
-    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream int8")
+    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [dict(label="BT128 w4 waves4"), dict(label="BT128 w4 waves8", waves=8),
@@ -189,8 +152,6 @@ def main():
     res["lut"] = skipped if "lut" in args.skip else run_isolated(lut_cell, args.docs, variants, timeout_s=args.timeout)
     res["fp16"] = skipped if "fp16" in args.skip else run_isolated(fp16_cell, args.docs, timeout_s=args.timeout)
     print("fp16", res["fp16"], flush=True)
-    res["int8"] = skipped if "int8" in args.skip else run_isolated(int8_cell, args.docs, timeout_s=args.timeout)
-    print("int8", res["int8"], flush=True)
     res["stream"] = skipped if "stream" in args.skip else run_isolated(stream_cell, args.docs, timeout_s=args.timeout)
     print("stream", res["stream"], flush=True)
     if args.out:
@@ -198,7 +159,7 @@ def main():
             json.dump(res, f, indent=1)
     base, lut = res["fp16"], res["lut"]
     print(f"\n{'pq32, ' + str(args.docs) + ' docs':34s} {'ms':>8s} {'x fp16':>7s}")
-    rows = [("pq " + k, v) for k, v in lut.items()] + [("int8 " + k, v) for k, v in res["int8"].items()] \
+    rows = [("pq " + k, v) for k, v in lut.items()] \
         + [("pq " + k, v) for k, v in res["stream"].items()] + [(k, v) for k, v in base.items()]
     for key, val in rows:
         if isinstance(val, float) and ("ms" in key or "rows" in key or "q1" in key or "q32" in key or "BT" in key):
