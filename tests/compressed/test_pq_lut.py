@@ -58,6 +58,8 @@ def test_layout_pads_documents_by_repeating_their_last_token():
         lo, hi, plo, phi = int(cu[j]), int(cu[j + 1]), int(layout.cu[j]), int(layout.cu[j + 1])
         assert torch.equal(layout.codes[plo:plo + hi - lo], codes[lo:hi])
         assert torch.all(layout.codes[plo + hi - lo:phi] == codes[hi - 1])
+    # built a few rows at a time (bounded temporaries), the same layout
+    assert torch.equal(build_layout(pq, codes, cu, group=16, chunk=7).codes, layout.codes)
 
 
 @pytest.mark.parametrize("block,qpb", [(32, 1), (64, 2)])

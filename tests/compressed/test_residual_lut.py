@@ -233,6 +233,9 @@ def test_layout_pads_documents_by_repeating_their_last_token():
     n_groups = int(layout.cu[-1]) // 16
     assert torch.equal(layout.group_doc[:n_groups], torch.repeat_interleave(torch.arange(lengths.numel()), padded // 16).int())
     assert torch.all(layout.group_doc[n_groups:] == -1)  # the tail the kernels read past the end
+    small = build_layout(codec, codes, residuals, cu, group=16, chunk=5)  # bounded temporaries, same layout
+    assert all(torch.equal(a, b) for a, b in ((small.codes, layout.codes), (small.cid, layout.cid),
+                                              (small.inv_norm, layout.inv_norm), (small.cu, layout.cu)))
 
 
 def test_rejects_what_the_decoder_cannot_read():

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from maxsim.compressed.residual_lut import (MAGIC_BITS, SLICE, document_range, padded_offsets, quantized_rows,
-                                           query_rows, round22, run_grid, run_start, segment_max)
+from maxsim.compressed.residual_lut import (MAGIC_BITS, SLICE, document_range, padded_offsets, padded_source,
+                                           quantized_rows, query_rows, round22, run_grid, run_start, segment_max)
 
 SUB_DIM = 4  # dimensions per code: one 32-bit word of int8 coordinates
 PQ_LUT_DIM = 128  # the kernel's width (m 32); other shapes take the stream kernel's decode
@@ -134,13 +134,13 @@ def supports(pq) -> bool:
     return pq.sub_dim == SUB_DIM and pq.dim == PQ_LUT_DIM
 
 
-def build_bytes(num_tokens: int, num_docs: int, m: int, *, group: int = 16) -> int:
+def build_bytes(num_tokens: int, num_docs: int, m: int, *, group: int = 16, chunk: int = 1 << 22) -> int:
     """An upper bound on the device bytes :func:`build_layout` allocates."""
     padded = num_tokens + num_docs * (group - 1)
-    return padded * (m + 3 * 8) + 256 * m * 8
+    return padded * m + num_docs * 16 + min(chunk, padded) * (m + 5 * 8) + 256 * m * 8
 
 
-def build_layout(pq, codes: torch.Tensor, cu: torch.Tensor, *, group: int = 16) -> PQLutLayout:
+def build_layout(pq, codes: torch.Tensor, cu: torch.Tensor, *, group: int = 16, chunk: int = 1 << 22) -> PQLutLayout:
     """The look-up layout of packed PQ documents (codes ``[T, m]`` uint8, ``cu [Nd + 1]``) on the
     codes' device."""
     if not supports(pq):
@@ -148,9 +148,14 @@ def build_layout(pq, codes: torch.Tensor, cu: torch.Tensor, *, group: int = 16) 
                          f"d {pq.dim}, {pq.sub_dim} a code")
     device = codes.device
     cu = cu.to(device=device, dtype=torch.int64)
-    cu_p, source = padded_offsets(cu, group)
+    cu_p = padded_offsets(cu, group)
+    total = int(cu_p[-1])
+    out = torch.empty(total, codes.shape[1], dtype=torch.uint8, device=device)
+    for start in range(0, total, chunk):  # temporaries of one chunk, whatever the corpus's size
+        stop = min(total, start + chunk)
+        out[start:stop] = codes[padded_source(cu, cu_p, start, stop)]
     words, scales = quantized_codebooks(pq.codebooks_on(device))
-    return PQLutLayout(codes[source].contiguous(), cu_p, words, scales, group)
+    return PQLutLayout(out, cu_p, words, scales, group)
 
 
 def prepare_queries(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int = 1):

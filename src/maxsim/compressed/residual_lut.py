@@ -316,18 +316,23 @@ class LutLayout:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.cid, self.inv_norm, self.cu, self.group_doc))
 
 
-def padded_offsets(cu: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cu_padded [Nd + 1] int64, source [Tp] int64): each document's length rounded up to a
-    multiple of ``group``, its padding rows reading its last token."""
+def padded_offsets(cu: torch.Tensor, group: int) -> torch.Tensor:
+    """cu_padded ``[Nd + 1]`` int64: each document's length rounded up to a multiple of ``group``."""
     lengths = cu[1:] - cu[:-1]
     padded = (lengths + group - 1) // group * group
     cu_p = torch.zeros_like(cu)
     cu_p[1:] = torch.cumsum(padded, 0)
-    total = int(cu_p[-1])
-    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), padded)  # [Tp]
-    pos = torch.arange(total, device=cu.device) - cu_p[doc]
-    source = cu[doc] + torch.minimum(pos, lengths[doc] - 1)
-    return cu_p, source
+    return cu_p
+
+
+def padded_source(cu: torch.Tensor, cu_p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """source ``[stop - start]`` int64: the token each padded row ``start:stop`` reads (a
+    document's padding rows read its last token). A chunk at a time, so a layout of any size is
+    built with temporaries of one chunk."""
+    rows = torch.arange(start, stop, device=cu_p.device)
+    doc = torch.searchsorted(cu_p, rows, right=True) - 1  # [n]: padded rows lie in non-empty documents
+    last = cu[doc + 1] - 1
+    return torch.minimum(cu[doc] + (rows - cu_p[doc]), last)
 
 
 def build_bytes(codec, num_tokens: int, num_docs: int, *, group: int = 16, chunk: int = 1 << 20) -> int:
@@ -336,8 +341,8 @@ def build_bytes(codec, num_tokens: int, num_docs: int, *, group: int = 16, chunk
     token), the padded offsets' int64 temporaries, and one chunk's decode scratch."""
     padded = num_tokens + num_docs * (group - 1) + TAIL_TOKENS
     layout = padded * (codec.packed_dim + 4 + 4)
-    offsets = padded * 3 * 8  # padded_offsets' document, position and source rows (int64)
-    scratch = min(chunk, padded) * (16 * codec.packed_dim + 24 * codec.dim)
+    offsets = num_docs * 8 * 2  # the padded offsets, and their lengths' temporary
+    scratch = min(chunk, padded) * (16 * codec.packed_dim + 24 * codec.dim + 5 * 8)  # + padded_source's rows
     return layout + offsets + scratch
 
 
@@ -353,15 +358,15 @@ def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.
     cu = cu.to(device=device, dtype=torch.int64)
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= codec.num_centroids):
         raise ValueError(f"maxsim: a centroid id lies outside [0, {codec.num_centroids}) (the codec's table)")
-    cu_p, source = padded_offsets(cu, group)
-    total = source.numel()
+    cu_p = padded_offsets(cu, group)
+    total = int(cu_p[-1])
     out_codes = torch.zeros(total + TAIL_TOKENS, codec.packed_dim, dtype=torch.uint8, device=device)
     out_cid = torch.zeros(total + TAIL_TOKENS, dtype=torch.int32, device=device)
     out_inv = torch.zeros(total + TAIL_TOKENS, dtype=torch.float32, device=device)
     table = codec._table(device)
     for start in range(0, total, chunk):
         stop = min(total, start + chunk)
-        src = source[start:stop]
+        src = padded_source(cu, cu_p, start, stop)
         c, r = codes[src].to(device), residuals[src]
         buckets = table[r.long()].reshape(r.shape[0], codec.dim)  # [n, d]
         out_codes[start:stop] = kernel_layout(buckets, codec.nbits)
