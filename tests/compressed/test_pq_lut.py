@@ -62,21 +62,22 @@ def test_layout_pads_documents_by_repeating_their_last_token():
     assert torch.equal(build_layout(pq, codes, cu, group=16, chunk=7).codes, layout.codes)
 
 
-@pytest.mark.parametrize("block,qpb", [(32, 1), (64, 2)])
-def test_scores_match_the_emulation(block, qpb):
+@pytest.mark.parametrize("block,qpb,gather", [(32, 1, "word"), (64, 2, "word"), (32, 2, "byte")])
+def test_scores_match_the_emulation(block, qpb, gather):
     pq, codes, cu, Q = _case(int(torch.randint(0, 2**31, ()).item()))
     layout = build_layout(pq, codes, cu, group=8)
     q_mask = torch.ones(3, 20, dtype=torch.bool)
     q_mask[1, 15:] = False
     on = KERNEL_DEVICE
     lay = PQLutLayout(layout.codes.to(on), layout.cu.to(on), layout.words.to(on), layout.scales.to(on), layout.group)
-    got = pq_lut_scores(Q.to(on), lay, q_mask=q_mask.to(on), block_tokens=block, qpb=qpb).cpu()
+    got = pq_lut_scores(Q.to(on), lay, q_mask=q_mask.to(on), block_tokens=block, qpb=qpb, gather=gather).cpu()
     want = pq_lut_emulation(Q, layout, q_mask=q_mask)
     assert got.shape == (3, cu.numel() - 1)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)  # fp32 rounding of 20 row maxima
     assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)  # empty documents
     # a document range (a search's chunk of the stored layout) gives its slice of the columns
-    part = pq_lut_scores(Q.to(on), lay, q_mask=q_mask.to(on), block_tokens=block, qpb=qpb, docs=(5, 17)).cpu()
+    part = pq_lut_scores(Q.to(on), lay, q_mask=q_mask.to(on), block_tokens=block, qpb=qpb, docs=(5, 17),
+                         gather=gather).cpu()
     torch.testing.assert_close(part, got[:, 5:17], rtol=0, atol=0)
 
 

@@ -60,6 +60,18 @@ def _expand_slice(b_code, words_ptr, k: tl.constexpr):
     return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [b_w.shape[0], 32])
 
 
+@triton.jit
+def _gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, k: tl.constexpr, M: tl.constexpr):
+    """Slice k's int8 coordinates [BT, 32] gathered byte by byte: column c reads byte c % 4 of its
+    sub-space's (8k + c // 4) centroid. The 4 bytes of a code lie side by side, 4-aligned, and their
+    code is one load's value, so the compiler may join them into one 32-bit load (the probe says)."""
+    o_t = t0 + o_tt
+    o_c = tl.arange(0, 32)
+    sub = 8 * k + o_c // 4  # [32]
+    b_code = tl.load(codes_ptr + o_t.to(tl.int64)[:, None] * M + sub[None, :], mask=(o_t < t_hi)[:, None], other=0)
+    return tl.load(bytes_ptr + (sub[None, :] * 256 + b_code.to(tl.int32)) * 4 + (o_c % 4)[None, :])  # [BT, 32]
+
+
 @triton.jit(do_not_specialize=["Nq", "Nd", "docs_per_program", "n_runs"])
 def _pq_lut_kernel(
     codes_ptr,  # [Tp, M] uint8 (Tp: tokens, documents padded to multiples of G)
@@ -67,9 +79,11 @@ def _pq_lut_kernel(
     q_ptr,  # [Nq_pad, LQ, DIM] int8 quantised queries (zero rows past each query)
     qs_ptr,  # [Nq_pad, LQ] fp32 row scales u_j (22 significant bits; 0 on padding rows)
     words_ptr,  # [M, 256] int32: each centroid's 4 int8 coordinates
+    bytes_ptr,  # the same table as [M * 256 * 4] int8
     out_ptr,  # [Nq, Nd] fp32, zeroed (an empty document keeps its 0)
     Nq, Nd, docs_per_program, n_runs,
     M: tl.constexpr, LQ: tl.constexpr, QPB: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
+    BYTES: tl.constexpr,
 ):
     """Each program: QPB queries (N = QPB * LQ columns) against a run of whole documents, walked as
     one stream of BT-token tiles (the residual scorer's walk)."""
@@ -88,10 +102,16 @@ def _pq_lut_kernel(
     for t0 in range(t_lo, t_hi, BT):
         n_c0, n_c1, n_c2, n_c3 = _load_codes(codes_ptr, t0 + BT, t_hi, o_tt, M)
         acc = tl.full([BT, N], MAGIC_BITS, dtype=tl.int32)
-        acc = tl.dot(_expand_slice(b_c0, words_ptr, 0), b_q0, acc, out_dtype=tl.int32)
-        acc = tl.dot(_expand_slice(b_c1, words_ptr, 1), b_q1, acc, out_dtype=tl.int32)
-        acc = tl.dot(_expand_slice(b_c2, words_ptr, 2), b_q2, acc, out_dtype=tl.int32)
-        acc = tl.dot(_expand_slice(b_c3, words_ptr, 3), b_q3, acc, out_dtype=tl.int32)
+        if BYTES:  # (the probe's variant: each coordinate gathered as a byte)
+            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 0, M), b_q0, acc, out_dtype=tl.int32)
+            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 1, M), b_q1, acc, out_dtype=tl.int32)
+            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 2, M), b_q2, acc, out_dtype=tl.int32)
+            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 3, M), b_q3, acc, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(_expand_slice(b_c0, words_ptr, 0), b_q0, acc, out_dtype=tl.int32)
+            acc = tl.dot(_expand_slice(b_c1, words_ptr, 1), b_q1, acc, out_dtype=tl.int32)
+            acc = tl.dot(_expand_slice(b_c2, words_ptr, 2), b_q2, acc, out_dtype=tl.int32)
+            acc = tl.dot(_expand_slice(b_c3, words_ptr, 3), b_q3, acc, out_dtype=tl.int32)
         b_f = acc.to(tl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
         b_s = tl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
         j, lo, hi, b_carry = segment_max(b_s, t0, j, j_hi, lo, hi, b_carry, cu_ptr, out_ptr, o_qb, m_qb, Nd,
@@ -167,10 +187,14 @@ def prepare_queries(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: i
 
 
 def pq_lut_scores(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int = 1, block_tokens: int = 128,
-                  num_warps: int = 4, num_stages: int = 3, waves: int = 4, docs=None) -> torch.Tensor:
+                  num_warps: int = 4, num_stages: int = 3, waves: int = 4, docs=None,
+                  gather: str = "word") -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of queries ``Q [Nq, Lq, 128]`` against a :class:`PQLutLayout` on
     Q's device (``docs``: ``(lo, hi)``, only documents lo..hi-1): the quantised query against the
-    int8 codebooks on the 8-bit tensor cores."""
+    int8 codebooks on the 8-bit tensor cores. ``gather``: ``"word"`` (a code's 4 coordinates as one
+    32-bit load, split in registers) or ``"byte"`` (the probe's variant, the same scores)."""
+    if gather not in ("word", "byte"):
+        raise ValueError(f"gather must be 'word' or 'byte', got {gather!r}")
     Nq = Q.shape[0]
     cu, out = document_range(layout, Nq, docs, Q.device)
     Nd = out.shape[1]
@@ -180,8 +204,8 @@ def pq_lut_scores(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int
     docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     n_qgroups = q8.shape[0] // qpb
     _pq_lut_kernel[(n_runs * n_qgroups,)](
-        layout.codes, cu, q8, qs, layout.words, out, Nq, Nd, docs_per_program, n_runs,
-        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
+        layout.codes, cu, q8, qs, layout.words, layout.words.view(torch.int8), out, Nq, Nd, docs_per_program, n_runs,
+        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, BYTES=gather == "byte",
         num_warps=num_warps, num_stages=num_stages)
     return out
 
