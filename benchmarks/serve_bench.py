@@ -43,11 +43,9 @@ def build(folder: str, docs: int, device, dtype) -> np.ndarray:
 
     gen = Passages(docs, device=device, num_queries=64, seed=0, **HEADLINE)
     corpus = None
-    first = 0
-    for _, tokens, offsets in gen.slices(min(docs, 500_000)):
-        n = len(offsets) - 1
-        part = maxsim.Corpus.from_packed(tokens.to(dtype).cpu(), offsets, ids=np.arange(first, first + n))
-        first += n
+    for first, tokens, offsets in gen.slices(min(docs, 500_000)):  # ids follow on from slice to slice
+        part = maxsim.Corpus.from_packed(tokens.to(dtype).cpu(), offsets,
+                                         ids=np.arange(first, first + len(offsets) - 1))
         corpus = part if corpus is None else corpus.append(part)
     corpus.save(folder)
     queries, _ = gen.queries()

@@ -28,12 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
-from maxsim.compressed.residual_lut import (MAGIC_BITS, SLICE, document_range, padded_offsets, padded_source,
+from maxsim.compressed.residual_lut import (MAGIC_BITS, document_range, padded_offsets, padded_source,
                                            quantized_rows, query_rows, round22, run_grid, run_start, segment_max)
 
 SUB_DIM = 4  # dimensions per code: one 32-bit word of int8 coordinates
 PQ_LUT_DIM = 128  # the kernel's width (m 32); other shapes take the stream kernel's decode
-CODES_PER_SLICE = SLICE // SUB_DIM
 
 
 @triton.jit
@@ -213,9 +212,7 @@ def pq_lut_scores(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int
 def pq_lut_emulation(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None) -> torch.Tensor:
     """:func:`pq_lut_scores`' arithmetic in float64 on the CPU (the same quantised query and int8
     codebooks): the kernel must match it to fp32 rounding."""
-    q8, qs, LQ = prepare_queries(Q.cpu(), PQLutLayout(layout.codes, layout.cu, layout.words.cpu(),
-                                                     layout.scales.cpu(), layout.group),
-                                 q_mask=None if q_mask is None else q_mask.cpu())
+    q8, qs, LQ = prepare_queries(Q.cpu(), layout, q_mask=None if q_mask is None else q_mask.cpu())
     codes, cu, words = layout.codes.cpu().long(), layout.cu.cpu(), layout.words.cpu()
     m = codes.shape[1]
     c8 = words.contiguous().view(torch.int8).reshape(m, 256, SUB_DIM).double()  # [m, 256, 4]

@@ -251,7 +251,8 @@ def _residual_lut_kernel(
                                              BT, G, LQ, QPB)
         b_w0, b_w1, b_inv, b_tab = n_w0, n_w1, n_inv, n_tab
     if ABLATE == 1:
-        tl.store(out_ptr + o_qb.to(tl.int64) * Nd + i_run * docs_per_program, tl.sum(tl.reshape(b_carry, [QPB, LQ]), axis=1), mask=m_qb)
+        tl.store(out_ptr + o_qb.to(tl.int64) * Nd + i_run * docs_per_program,
+                 tl.sum(tl.reshape(b_carry, [QPB, LQ]), axis=1), mask=m_qb)
 
 
 @triton.jit

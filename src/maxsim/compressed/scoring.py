@@ -202,17 +202,21 @@ def lookup_layout_bytes(codec, num_tokens: int, num_docs: int) -> int:
     return build_bytes(codec, num_tokens, num_docs)
 
 
-def lookup_scorer(Q, q_mask, codec, normalize: bool = True):
-    """The look-up scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]`` against
-    ``codec``'s codes on Q's device, or why it cannot run (a str)."""
+def _choice_or_why(Q, choose):
+    """``choose(needs_grad, family)``'s Choice for queries Q, or why none runs (a str)."""
     if backend_for(Q.device) != "triton":
         return f"tensors on {Q.device} run the PyTorch backend"
-    needs_grad = torch.is_grad_enabled() and Q.requires_grad
-    choice, rejected = _select.lookup_choice(Q.shape[0], Q.shape[1], codec.dim, codec.nbits, Q.dtype,
-                                             q_mask is not None, normalize, needs_grad, device_of(Q)[1])
+    choice, rejected = choose(torch.is_grad_enabled() and Q.requires_grad, device_of(Q)[1])
     if choice is None:
         return "; ".join(f"{name} {why}" for name, why in rejected)
     return choice
+
+
+def lookup_scorer(Q, q_mask, codec, normalize: bool = True):
+    """The look-up scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]`` against
+    ``codec``'s codes on Q's device, or why it cannot run (a str)."""
+    return _choice_or_why(Q, lambda needs_grad, family: _select.lookup_choice(
+        Q.shape[0], Q.shape[1], codec.dim, codec.nbits, Q.dtype, q_mask is not None, normalize, needs_grad, family))
 
 
 def lookup_scores(Q, q_mask, layout, codec, choice, docs=None):
@@ -235,14 +239,8 @@ def lookup_scores(Q, q_mask, layout, codec, choice, docs=None):
 def pq_lookup_scorer(Q, q_mask, pq):
     """The PQ look-up scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]``
     against ``pq``'s codes on Q's device, or why it cannot run (a str)."""
-    if backend_for(Q.device) != "triton":
-        return f"tensors on {Q.device} run the PyTorch backend"
-    needs_grad = torch.is_grad_enabled() and Q.requires_grad
-    choice, rejected = _select.pq_lookup_choice(Q.shape[0], Q.shape[1], pq.dim, pq.sub_dim, Q.dtype,
-                                                q_mask is not None, needs_grad, device_of(Q)[1])
-    if choice is None:
-        return "; ".join(f"{name} {why}" for name, why in rejected)
-    return choice
+    return _choice_or_why(Q, lambda needs_grad, family: _select.pq_lookup_choice(
+        Q.shape[0], Q.shape[1], pq.dim, pq.sub_dim, Q.dtype, q_mask is not None, needs_grad, family))
 
 
 def pq_lookup_scores(Q, q_mask, layout, choice, docs=None):

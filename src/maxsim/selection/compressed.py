@@ -84,13 +84,19 @@ def _lookup(nq, lq, d, nbits, dtype, masked, normalize, needs_grad, family):
         if why is not None:
             rejected.append((spec.name, why))
             continue
-        f = dict(rows=32 * nq)
-        rule = first_match(table, f)
-        config = tile_of(rule, f)
-        if family == "interpreter":
-            config.update(waves=1, num_warps=4, num_stages=1)
-        return Choice(spec, config, rule.name, rule.record, tuple(rejected)), tuple(rejected)
+        return _lookup_tile(spec, table, nq, family, tuple(rejected)), tuple(rejected)
     return None, tuple(rejected)
+
+
+def _lookup_tile(spec, table, nq: int, family: str, rejected: tuple) -> Choice:
+    """A look-up scorer's Choice: the table's rule for ``nq`` queries of 32 rows (the interpreter:
+    one program an SM, no pipelining)."""
+    f = dict(rows=32 * nq)
+    rule = first_match(table, f)
+    config = tile_of(rule, f)
+    if family == "interpreter":
+        config.update(waves=1, num_warps=4, num_stages=1)
+    return Choice(spec, config, rule.name, rule.record, rejected)
 
 
 def pq_lookup_choice(Nq: int, Lq: int, d: int, sub_dim: int, dtype: torch.dtype, masked: bool, needs_grad: bool,
@@ -109,12 +115,7 @@ def _pq_lookup(nq, lq, d, sub_dim, dtype, masked, needs_grad, family):
         why = f"gathers 4 dimensions a code (one 32-bit word), not {sub_dim}"
     if why is not None:
         return None, ((spec.name, why),)
-    f = dict(rows=32 * nq)
-    rule = first_match(T.PQ_LOOKUP_SM90, f)
-    config = tile_of(rule, f)
-    if family == "interpreter":
-        config.update(waves=1, num_warps=4, num_stages=1)
-    return Choice(spec, config, rule.name, rule.record), ()
+    return _lookup_tile(spec, T.PQ_LOOKUP_SM90, nq, family, ()), ()
 
 
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
