@@ -7,7 +7,7 @@ import torch
 
 from conftest import KERNEL_DEVICE
 from maxsim.compressed.pq import ProductQuantizer
-from maxsim.compressed.pq_lut import (PQLutLayout, build_layout, pq_lut_emulation, pq_lut_scores,
+from maxsim.compressed.pq_lut import (PQLutLayout, build_layout, pq_lut_emulation, pq_lut_scores, prepare_queries,
                                       quantized_codebooks, supports)
 
 
@@ -73,7 +73,11 @@ def test_scores_match_the_emulation(block, qpb, gather):
     got = pq_lut_scores(Q.to(on), lay, q_mask=q_mask.to(on), block_tokens=block, qpb=qpb, gather=gather).cpu()
     want = pq_lut_emulation(Q, layout, q_mask=q_mask)
     assert got.shape == (3, cu.numel() - 1)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)  # fp32 rounding of 20 row maxima
+    # fp32 rounding of 20 row maxima; Triton's interpreter rounds the fma's product before its sum,
+    # up to 2 u_j a row (the product is near 1.5 * 2**23 u_j), where the GPU's fma rounds once
+    qs = prepare_queries(Q, layout, q_mask=q_mask)[1][:3].double()  # [Nq, LQ]
+    err = (got.double() - want).abs()
+    assert torch.all(err <= 2 * qs.sum(-1)[:, None] + 1e-5 * want.abs() + 1e-6), float(err.max())
     assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)  # empty documents
     # a document range (a search's chunk of the stored layout) gives its slice of the columns
     part = pq_lut_scores(Q.to(on), lay, q_mask=q_mask.to(on), block_tokens=block, qpb=qpb, docs=(5, 17),

@@ -15,6 +15,7 @@ from maxsim.compressed.residual_lut import (
     lut_emulation,
     lut_reference,
     lut_scores,
+    prepare_queries,
 )
 
 
@@ -128,8 +129,13 @@ def test_scores_match_the_emulation(nbits, block):
                      table_dtype=torch.float32).cpu()
     want = lut_emulation(Q, codec, codes, residuals, cu, layout, q_mask=q_mask, table_dtype=torch.float32)
     assert got.shape == (3, cu.numel() - 1)
-    # fp32 rounding of 20 row maxima of terms up to ~1.5 (plus the table and the stored norm)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    # fp32 rounding of 20 row maxima of terms up to ~1.5 (plus the table and the stored norm);
+    # Triton's interpreter rounds the fma's product before its sum, up to 2 qs_j a row (times the
+    # token's inverse norm), where the GPU's fma rounds once
+    qs = prepare_queries(Q, codec.centroids, layout.scale, q_mask=q_mask)[1][:3].double()  # [Nq, LQ]
+    slack = 2 * qs.sum(-1)[:, None] * float(layout.inv_norm.max())
+    err = (got.double() - want).abs()
+    assert torch.all(err <= slack + 1e-5 * want.abs() + 1e-4), float(err.max())
     assert torch.all(got[:, 2] == 0) and torch.all(got[:, -1] == 0)  # empty documents
 
 
