@@ -82,7 +82,14 @@ def lut_cell(docs: int, variants: list) -> dict:
         label = v.pop("label")
         Q = Q1 if v.pop("queries", 1) == 1 else Q32
         try:
-            ms = median_ms(lambda: pq_lut_scores(Q, layout, **v))
+            if v.pop("gluon", False):
+                from maxsim.compressed.pq_gluon import gluon_scores
+                if label == "gluon BT128 waves8":  # checked against the emulation too
+                    g_s = gluon_scores(Qc, lay_s).double().cpu()
+                    out["gluon_emulation_max_abs"] = float((g_s - ref).abs().max())
+                ms = median_ms(lambda: gluon_scores(Q, layout, **v))
+            else:
+                ms = median_ms(lambda: pq_lut_scores(Q, layout, **v))
         except Exception as e:  # a tile that does not compile is a cell, not a dead run
             ms = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
         out[label] = ms
@@ -137,13 +144,17 @@ def main():
     p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    variants = [dict(label="BT128 w4 waves4"), dict(label="BT128 w4 waves8", waves=8),
+    variants = [dict(label="gluon BT128 waves8", gluon=True), dict(label="gluon BT128 waves4", gluon=True, waves=4),
+                dict(label="gluon BT64 waves8", gluon=True, block_tokens=64),
+                dict(label="gluon BT128 waves16", gluon=True, waves=16),
+                dict(label="q32 gluon qpb1", gluon=True, queries=32), dict(label="q32 gluon qpb2", gluon=True, queries=32, qpb=2),
+                dict(label="q32 gluon qpb4 BT64", gluon=True, queries=32, qpb=4, block_tokens=64),
+                dict(label="BT128 w4 waves4"), dict(label="BT128 w4 waves8", waves=8),
                 dict(label="BT64 w4 waves8", block_tokens=64, waves=8),
                 dict(label="BT128 w8 waves4", num_warps=8), dict(label="BT256 w8 waves4", block_tokens=256, num_warps=8),
                 dict(label="BT128 w4 s2 waves8", num_stages=2, waves=8),
-                dict(label="bytes BT128 w4 waves8", gather="byte", waves=8),
-                dict(label="bytes BT64 w4 waves8", gather="byte", block_tokens=64, waves=8),
-                dict(label="q32 qpb2 bytes", queries=32, qpb=2, gather="byte"),
+                dict(label="ablation: no gather", ablate=1, waves=8),
+                dict(label="ablation: no gather, no split", ablate=2, waves=8),
                 dict(label="q32 qpb1", queries=32), dict(label="q32 qpb2", queries=32, qpb=2),
                 dict(label="q32 qpb2 w8", queries=32, qpb=2, num_warps=8),
                 dict(label="q32 qpb2 BT64", queries=32, qpb=2, block_tokens=64),

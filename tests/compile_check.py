@@ -39,6 +39,8 @@ from maxsim.varlen.stream import _maxsim_varlen_stream_kernel
 from maxsim.index.approx import _plaid_approx_kernel
 from maxsim.compressed.residual_lut import _residual_lut_kernel, decoder_asm
 from maxsim.compressed.residual_gluon import _residual_lut_gluon_kernel
+from maxsim.compressed.pq_lut import _pq_lut_kernel
+from maxsim.compressed.pq_gluon import _pq_lut_gluon_kernel
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
@@ -345,6 +347,13 @@ def residual_lut_variants():
         for qpb in (1, 4):  # one query a program; four (32-query searches)
             yield f"residual lut gluon nbits={nbits} qpb={qpb}", _residual_lut_gluon_kernel, \
                 dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, **asms), gluon_ptrs, 4, 1
+    pq_ptrs = dict(codes_ptr="u8", cu_ptr="i64", q_ptr="i8", qs_ptr="fp32", words_ptr="i32", out_ptr="fp32")
+    for qpb in (1, 2):  # the PQ look-up scorer (maxsim/compressed/pq_lut.py)
+        yield f"pq lut qpb={qpb}", _pq_lut_kernel, dict(M=32, LQ=32, QPB=qpb, BT=128, G=16, ABLATE=0), pq_ptrs, 4, 3
+    pq_gluon_ptrs = dict(pq_ptrs, gdoc_ptr="i32")
+    for qpb, bt in ((1, 128), (2, 128), (4, 64)):  # the Gluon PQ scorer (maxsim/compressed/pq_gluon.py)
+        yield f"pq lut gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16), \
+            pq_gluon_ptrs, 4, 1
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
@@ -359,6 +368,8 @@ EXPECT_WGMMA = {
     "codec assignment fp16 argmax", "residual lut nbits=2 BT 128", "residual lut nbits=4 BT 128",
     "residual lut nbits=2 BT 64", "residual lut gluon nbits=2 qpb=1", "residual lut gluon nbits=4 qpb=1",
     "residual lut gluon nbits=2 qpb=4", "residual lut gluon nbits=4 qpb=4",
+    "pq lut qpb=1", "pq lut qpb=2", "pq lut gluon qpb=1 BT 128",
+    "pq lut gluon qpb=2 BT 128", "pq lut gluon qpb=4 BT 64",
 }
 
 

@@ -319,3 +319,17 @@ def test_an_unmeasured_gpu_takes_the_clamped_choices_said_once(monkeypatch):
             assert tuning.gpu_family(1) == "sm90"
     finally:
         tuning.gpu_family.cache_clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts a CUDA device's memory")
+def test_free_device_bytes_counts_what_the_caching_allocator_holds_unused():
+    from maxsim.tuning import free_device_bytes
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    block = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    with_block = free_device_bytes(device)
+    del block  # back to PyTorch's cache, still taken for the driver
+    driver_free = torch.cuda.mem_get_info(device)[0]
+    after = free_device_bytes(device)
+    assert after >= driver_free + (256 << 20)
+    assert after >= with_block + (256 << 20)

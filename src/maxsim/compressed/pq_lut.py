@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from maxsim.compressed.residual_lut import (MAGIC_BITS, document_range, padded_offsets, padded_source,
+from maxsim.compressed.residual_lut import (MAGIC_BITS, document_range, group_documents, padded_offsets,
+                                           padded_source,
                                            quantized_rows, query_rows, round22, run_grid, run_start, segment_max)
 
 SUB_DIM = 4  # dimensions per code: one 32-bit word of int8 coordinates
@@ -60,15 +61,20 @@ def _expand_slice(b_code, words_ptr, k: tl.constexpr):
 
 
 @triton.jit
-def _gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, k: tl.constexpr, M: tl.constexpr):
-    """Slice k's int8 coordinates [BT, 32] gathered byte by byte: column c reads byte c % 4 of its
-    sub-space's (8k + c // 4) centroid. The 4 bytes of a code lie side by side, 4-aligned, and their
-    code is one load's value, so the compiler may join them into one 32-bit load (the probe says)."""
-    o_t = t0 + o_tt
-    o_c = tl.arange(0, 32)
-    sub = 8 * k + o_c // 4  # [32]
-    b_code = tl.load(codes_ptr + o_t.to(tl.int64)[:, None] * M + sub[None, :], mask=(o_t < t_hi)[:, None], other=0)
-    return tl.load(bytes_ptr + (sub[None, :] * 256 + b_code.to(tl.int32)) * 4 + (o_c % 4)[None, :])  # [BT, 32]
+def _ablated_slice(b_code, codes_ptr, t0, t_hi, o_tt, ABLATE: tl.constexpr, M: tl.constexpr):
+    """The probe's ablations ([BT, 32] int8, meaningless scores): 1, the codes themselves as the
+    words (no gather, the same split); 2, the token's 32 code bytes as the slice (no gather, no split)."""
+    if ABLATE == 1:
+        b_w = b_code.to(tl.int32) * 0x01010101
+        b0 = b_w.to(tl.int8)
+        b1 = (b_w >> 8).to(tl.int8)
+        b2 = (b_w >> 16).to(tl.int8)
+        b3 = (b_w >> 24).to(tl.int8)
+        return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [b_w.shape[0], 32])
+    else:
+        o_t = t0 + o_tt
+        return tl.load(codes_ptr + o_t.to(tl.int64)[:, None] * M + tl.arange(0, 32)[None, :],
+                       mask=(o_t < t_hi)[:, None], other=0).to(tl.int8, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["Nq", "Nd", "docs_per_program", "n_runs"])
@@ -78,11 +84,10 @@ def _pq_lut_kernel(
     q_ptr,  # [Nq_pad, LQ, DIM] int8 quantised queries (zero rows past each query)
     qs_ptr,  # [Nq_pad, LQ] fp32 row scales u_j (22 significant bits; 0 on padding rows)
     words_ptr,  # [M, 256] int32: each centroid's 4 int8 coordinates
-    bytes_ptr,  # the same table as [M * 256 * 4] int8
     out_ptr,  # [Nq, Nd] fp32, zeroed (an empty document keeps its 0)
     Nq, Nd, docs_per_program, n_runs,
     M: tl.constexpr, LQ: tl.constexpr, QPB: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
-    BYTES: tl.constexpr,
+    ABLATE: tl.constexpr,
 ):
     """Each program: QPB queries (N = QPB * LQ columns) against a run of whole documents, walked as
     one stream of BT-token tiles (the residual scorer's walk)."""
@@ -101,11 +106,11 @@ def _pq_lut_kernel(
     for t0 in range(t_lo, t_hi, BT):
         n_c0, n_c1, n_c2, n_c3 = _load_codes(codes_ptr, t0 + BT, t_hi, o_tt, M)
         acc = tl.full([BT, N], MAGIC_BITS, dtype=tl.int32)
-        if BYTES:  # (the probe's variant: each coordinate gathered as a byte)
-            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 0, M), b_q0, acc, out_dtype=tl.int32)
-            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 1, M), b_q1, acc, out_dtype=tl.int32)
-            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 2, M), b_q2, acc, out_dtype=tl.int32)
-            acc = tl.dot(_gather_slice(codes_ptr, bytes_ptr, t0, t_hi, o_tt, 3, M), b_q3, acc, out_dtype=tl.int32)
+        if ABLATE != 0:
+            acc = tl.dot(_ablated_slice(b_c0, codes_ptr, t0, t_hi, o_tt, ABLATE, M), b_q0, acc, out_dtype=tl.int32)
+            acc = tl.dot(_ablated_slice(b_c1, codes_ptr, t0, t_hi, o_tt, ABLATE, M), b_q1, acc, out_dtype=tl.int32)
+            acc = tl.dot(_ablated_slice(b_c2, codes_ptr, t0, t_hi, o_tt, ABLATE, M), b_q2, acc, out_dtype=tl.int32)
+            acc = tl.dot(_ablated_slice(b_c3, codes_ptr, t0, t_hi, o_tt, ABLATE, M), b_q3, acc, out_dtype=tl.int32)
         else:
             acc = tl.dot(_expand_slice(b_c0, words_ptr, 0), b_q0, acc, out_dtype=tl.int32)
             acc = tl.dot(_expand_slice(b_c1, words_ptr, 1), b_q1, acc, out_dtype=tl.int32)
@@ -130,22 +135,33 @@ def quantized_codebooks(codebooks: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 class PQLutLayout:
-    """A PQ corpus in the look-up scorer's layout (built once per device, kept with the corpus).
+    """A PQ corpus in the look-up scorers' layout (built once per device, kept with the corpus).
 
     codes ``[Tp, m]`` uint8 and cu ``[Nd + 1]`` int64: documents padded to a multiple of ``group``
-    tokens by repeating their last token; words ``[m, 256]`` int32 and scales ``[m]`` fp32
-    (:func:`quantized_codebooks`).
+    tokens by repeating their last token, each token's codes in the stored order ``order [m]``
+    (byte p holds sub-space order[p]: :func:`code_order`, which gives
+    each Gluon thread its two codes of a slice in one load); group_doc ``[Tp / group + tail]``
+    int32, the document of each group (-1 past the end); words ``[m, 256]`` int32 and scales
+    ``[m]`` fp32 in sub-space order (:func:`quantized_codebooks`).
     """
 
-    def __init__(self, codes, cu, words, scales, group):
+    def __init__(self, codes, cu, words, scales, group, order, group_doc):
         self.codes, self.cu, self.words, self.scales, self.group = codes, cu, words, scales, int(group)
+        self.order, self.group_doc = order, group_doc
+        # the Triton scorer reads the codes as stored: the table rows in stored order
+        self.stored_words = words[order.to(words.device)].contiguous()
 
     @property
     def num_docs(self) -> int:
         return self.cu.numel() - 1
 
+    def to(self, device) -> "PQLutLayout":
+        return PQLutLayout(self.codes.to(device), self.cu.to(device), self.words.to(device), self.scales.to(device),
+                           self.group, self.order.to(device), self.group_doc.to(device))
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.cu, self.words, self.scales))
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.cu, self.words, self.stored_words,
+                                                          self.scales, self.group_doc))
 
 
 def supports(pq) -> bool:
@@ -153,10 +169,22 @@ def supports(pq) -> bool:
     return pq.sub_dim == SUB_DIM and pq.dim == PQ_LUT_DIM
 
 
+def code_order(m: int = 32) -> torch.Tensor:
+    """The stored order of a token's m codes ``[m]`` int64 (stored byte p holds sub-space
+    ``order[p]``): sub-spaces 8k + l + 4b at 8 l + 2 k + b, so each thread of the Gluon scorer
+    (:mod:`maxsim.compressed.pq_gluon`) loads its two codes of a slice at once."""
+    order = torch.empty(m, dtype=torch.int64)
+    for sub in range(m):
+        k, j = divmod(sub, 8)
+        lane, b = j % 4, j // 4
+        order[8 * lane + 2 * k + b] = sub
+    return order
+
+
 def build_bytes(num_tokens: int, num_docs: int, m: int, *, group: int = 16, chunk: int = 1 << 22) -> int:
     """An upper bound on the device bytes :func:`build_layout` allocates."""
     padded = num_tokens + num_docs * (group - 1)
-    return padded * m + num_docs * 16 + min(chunk, padded) * (m + 5 * 8) + 256 * m * 8
+    return padded * m + num_docs * 16 + padded // group * 4 + min(chunk, padded) * (m + 5 * 8) + 256 * m * 12
 
 
 def build_layout(pq, codes: torch.Tensor, cu: torch.Tensor, *, group: int = 16, chunk: int = 1 << 22) -> PQLutLayout:
@@ -169,42 +197,49 @@ def build_layout(pq, codes: torch.Tensor, cu: torch.Tensor, *, group: int = 16, 
     cu = cu.to(device=device, dtype=torch.int64)
     cu_p = padded_offsets(cu, group)
     total = int(cu_p[-1])
+    order = code_order(codes.shape[1]).to(device)
     out = torch.empty(total, codes.shape[1], dtype=torch.uint8, device=device)
     for start in range(0, total, chunk):  # temporaries of one chunk, whatever the corpus's size
         stop = min(total, start + chunk)
-        out[start:stop] = codes[padded_source(cu, cu_p, start, stop)]
+        out[start:stop] = codes[padded_source(cu, cu_p, start, stop)][:, order]
     words, scales = quantized_codebooks(pq.codebooks_on(device))
-    return PQLutLayout(out, cu_p, words, scales, group)
+    return PQLutLayout(out, cu_p, words, scales, group, order, group_documents(cu_p, group))
 
 
-def prepare_queries(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int = 1):
+def prepare_queries(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int = 1, rows: int | None = None,
+                    stored_order: bool = False):
     """(q~ [Nq_pad, LQ, d] int8, u [Nq_pad, LQ] fp32 (22 significant bits), LQ): each sub-block of
-    Q times its sub-space's scale, then each row quantised (:func:`quantized_rows`)."""
+    Q times its sub-space's scale, then each row quantised (:func:`quantized_rows`); with
+    ``stored_order``, the sub-blocks in the codes' stored order (the Triton scorer's)."""
     column_scales = layout.scales.to(Q.device).repeat_interleave(SUB_DIM)  # [d]
-    q8, u, _, LQ = quantized_rows(Q, q_mask=q_mask, qpb=qpb, column_scales=column_scales)
+    if stored_order:
+        dims = (layout.order.to(Q.device)[:, None] * SUB_DIM + torch.arange(SUB_DIM, device=Q.device)).reshape(-1)
+        Q, column_scales = Q[..., dims], column_scales[dims]
+    q8, u, _, LQ = quantized_rows(Q, q_mask=q_mask, qpb=qpb, rows=rows, column_scales=column_scales)
     return q8, round22(u).contiguous(), LQ
 
 
 def pq_lut_scores(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None, qpb: int = 1, block_tokens: int = 128,
                   num_warps: int = 4, num_stages: int = 3, waves: int = 4, docs=None,
-                  gather: str = "word") -> torch.Tensor:
+                  ablate: int = 0) -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of queries ``Q [Nq, Lq, 128]`` against a :class:`PQLutLayout` on
     Q's device (``docs``: ``(lo, hi)``, only documents lo..hi-1): the quantised query against the
-    int8 codebooks on the 8-bit tensor cores. ``gather``: ``"word"`` (a code's 4 coordinates as one
-    32-bit load, split in registers) or ``"byte"`` (the probe's variant, the same scores)."""
-    if gather not in ("word", "byte"):
-        raise ValueError(f"gather must be 'word' or 'byte', got {gather!r}")
+    int8 codebooks on the 8-bit tensor cores, each code's 4 coordinates one 32-bit load split in
+    registers.
+    ``ablate`` (the probe's, meaningless scores): 1 no gather; 2 no gather and no split."""
+    if ablate not in (0, 1, 2):
+        raise ValueError(f"ablate must be 0, 1 or 2, got {ablate!r}")
     Nq = Q.shape[0]
     cu, out = document_range(layout, Nq, docs, Q.device)
     Nd = out.shape[1]
     if Nq == 0 or Nd == 0:
         return out
-    q8, qs, LQ = prepare_queries(Q, layout, q_mask=q_mask, qpb=qpb)
+    q8, qs, LQ = prepare_queries(Q, layout, q_mask=q_mask, qpb=qpb, stored_order=True)
     docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     n_qgroups = q8.shape[0] // qpb
     _pq_lut_kernel[(n_runs * n_qgroups,)](
-        layout.codes, cu, q8, qs, layout.words, layout.words.view(torch.int8), out, Nq, Nd, docs_per_program, n_runs,
-        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, BYTES=gather == "byte",
+        layout.codes, cu, q8, qs, layout.stored_words, out, Nq, Nd, docs_per_program, n_runs,
+        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, ABLATE=ablate,
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -213,7 +248,9 @@ def pq_lut_emulation(Q: torch.Tensor, layout: PQLutLayout, *, q_mask=None) -> to
     """:func:`pq_lut_scores`' arithmetic in float64 on the CPU (the same quantised query and int8
     codebooks): the kernel must match it to fp32 rounding."""
     q8, qs, LQ = prepare_queries(Q.cpu(), layout, q_mask=None if q_mask is None else q_mask.cpu())
-    codes, cu, words = layout.codes.cpu().long(), layout.cu.cpu(), layout.words.cpu()
+    order, cu, words = layout.order.cpu(), layout.cu.cpu(), layout.words.cpu()
+    codes = torch.empty_like(layout.codes, device="cpu", dtype=torch.int64)
+    codes[:, order] = layout.codes.cpu().long()  # back to sub-space order
     m = codes.shape[1]
     c8 = words.contiguous().view(torch.int8).reshape(m, 256, SUB_DIM).double()  # [m, 256, 4]
     x8 = c8[torch.arange(m)[None, :], codes].reshape(codes.shape[0], m * SUB_DIM)  # [Tp, d]

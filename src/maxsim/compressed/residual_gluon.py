@@ -35,6 +35,47 @@ def _max_nan(a, b):
     return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
+# The layouts both Gluon look-up scorers share (4 warps, one warpgroup).
+@gluon.constexpr_function
+def mma_layout(N):
+    """The int32 accumulator [BT, N] of the wgmma (and every epilogue tensor beside it)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
+
+
+@gluon.constexpr_function
+def strips_layout(G):
+    """[BT, N]: G consecutive tokens of one column a thread (each group's max in-thread)."""
+    return gl.BlockedLayout([G, 1], [1, 32], [4, 1], [0, 1])
+
+
+@gluon.constexpr_function
+def cols_layout(NG):
+    """[NG, N]: a whole column of group maxima a thread."""
+    return gl.BlockedLayout([NG, 1], [1, 32], [1, 4], [0, 1])
+
+
+@gluon.constexpr_function
+def rows_layout(QPB, LQ):
+    """[NG, QPB, LQ]: each query's rows in-thread (summed there)."""
+    return gl.BlockedLayout([1, 1, LQ], [32 // QPB, QPB, 1], [1, 1, 4], [2, 1, 0])
+
+
+@gluon.jit
+def query_slices(q_ptr, q0, LQ: gl.constexpr, N: gl.constexpr):
+    """The quantised queries q0.. (N rows of q_ptr's [*, LQ, 128] int8) as four K-major slices in
+    shared memory, [4, N, 32] int8: the wgmma's right operand."""
+    q_blk: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # [N, 32] slice loads
+    q_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
+    q_smem = gl.allocate_shared_memory(gl.int8, [4, N, 32], q_sl)
+    o_qr = gl.arange(0, N, gl.SliceLayout(1, q_blk))
+    o_qc = gl.arange(0, 32, gl.SliceLayout(0, q_blk))
+    p_q = q_ptr + (q0.to(gl.int64) * LQ + o_qr)[:, None] * 128 + o_qc[None, :]
+    for k in gl.static_range(4):
+        q_smem.index(k).store(gl.load(p_q + k * 32))
+    fence_async_shared()
+    return q_smem
+
+
 @gluon.jit
 def _load_words(p_codes, off_w, grp: gl.constexpr):
     """A tile's code bytes of word group ``grp`` ([BT, 32] int8) in the MMA's register operand
@@ -80,13 +121,11 @@ def _residual_lut_gluon_kernel(
     W: gl.constexpr = 128 * NBITS // 8
     NG: gl.constexpr = BT // G
     NEG_INF: gl.constexpr = float("-inf")
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
+    mma: gl.constexpr = mma_layout(N)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    strips: gl.constexpr = gl.BlockedLayout([G, 1], [1, 32], [4, 1], [0, 1])  # [BT, N]: G tokens a thread
-    cols: gl.constexpr = gl.BlockedLayout([NG, 1], [1, 32], [1, 4], [0, 1])  # [NG, N]: a column a thread
-    rows: gl.constexpr = gl.BlockedLayout([1, 1, LQ], [32 // QPB, QPB, 1], [1, 1, 4], [2, 1, 0])  # [NG, QPB, LQ]
-    q_blk: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # [N, 32] query slice loads
-    q_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
+    strips: gl.constexpr = strips_layout(G)
+    cols: gl.constexpr = cols_layout(NG)
+    rows: gl.constexpr = rows_layout(QPB, LQ)
     # The register operand's layout written out (PTX wgmma, 8-bit A: a0 = row lane/4 + 16 warp, bytes
     # 4 (lane % 4) + 0..3; a1 = row + 8; a2 = bytes + 16; a3 = both), so the loads see 4 contiguous
     # bytes a register and become 32-bit loads; converting it to a_op moves nothing.
@@ -102,14 +141,7 @@ def _residual_lut_gluon_kernel(
     pid = gl.program_id(0)
     i_run = pid % n_runs
     q0 = (pid // n_runs) * QPB  # the program's first query
-    # The quantised queries' four slices, K-major in shared memory: [N, 32] int8 each.
-    q_smem = gl.allocate_shared_memory(gl.int8, [4, N, 32], q_sl)
-    o_qr = gl.arange(0, N, gl.SliceLayout(1, q_blk))
-    o_qc = gl.arange(0, 32, gl.SliceLayout(0, q_blk))
-    p_q = q_ptr + (q0.to(gl.int64) * LQ + o_qr)[:, None] * 128 + o_qc[None, :]
-    for k in gl.static_range(4):
-        q_smem.index(k).store(gl.load(p_q + k * 32))
-    fence_async_shared()
+    q_smem = query_slices(q_ptr, q0, LQ, N)
     o_n = gl.arange(0, N, gl.SliceLayout(0, mma))
     b_qs = gl.load(qs_ptr + q0 * LQ + o_n)  # [N]
     b_cn = -MAGIC * b_qs
@@ -146,12 +178,8 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
                 carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
                 G: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
                 a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr):
-    """Scores tile t0 (its code words w0 / w1, table rows, inverse norms) and stores the score of
-    every document that ends in it; returns the running max of the one that goes on, and its
-    document (-3: none)."""
-    NG: gl.constexpr = BT // G
+    """Scores tile t0 (its code words w0 / w1, table rows, inverse norms): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
-    NEG_INF: gl.constexpr = float("-inf")
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
     d = gl.inline_asm_elementwise(ASM0, "=r,r", [w0], dtype=gl.int8, is_pure=True, pack=4)
     acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(0).permute((1, 0)), acc)
@@ -164,6 +192,21 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
 
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
     b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]  # [BT, N]
+    return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
+                           LQ, QPB, BT, G, strips, cols, rows)
+
+
+@gluon.jit
+def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
+                    LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, strips: gl.constexpr,
+                    cols: gl.constexpr, rows: gl.constexpr):
+    """Tile t0's scores b_s [BT, N] (any layout) into document maxima: stores the score of every
+    document that ends in the tile, returns the running max of the one that goes on and its
+    document (-3: none). Groups of G tokens never straddle documents; ``gdoc_ptr`` the document of
+    each group (the layout pads past its end)."""
+    NG: gl.constexpr = BT // G
+    N: gl.constexpr = QPB * LQ
+    NEG_INF: gl.constexpr = float("-inf")
     b_s = gl.convert_layout(b_s, strips)
     b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
     b_r = gl.convert_layout(b_r, cols)  # a column a thread

@@ -296,13 +296,7 @@ class LutLayout:
 
     def __init__(self, codes, cid, inv_norm, cu, nbits, lut, scale, group, group_doc=None):
         self.codes, self.cid, self.inv_norm, self.cu = codes, cid, inv_norm, cu
-        if group_doc is None:  # the document of each group of `group` tokens
-            lengths = (cu[1:] - cu[:-1]) // group
-            group_doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device, dtype=torch.int32),
-                                                lengths)
-            group_doc = torch.cat([group_doc, torch.full((TAIL_TOKENS // group + 1,), -1, dtype=torch.int32,
-                                                         device=cu.device)])
-        self.group_doc = group_doc
+        self.group_doc = group_documents(cu, group) if group_doc is None else group_doc
         self.nbits, self.lut, self.scale, self.group = nbits, list(lut), float(scale), int(group)
 
     @property
@@ -315,6 +309,15 @@ class LutLayout:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.cid, self.inv_norm, self.cu, self.group_doc))
+
+
+def group_documents(cu_p: torch.Tensor, group: int) -> torch.Tensor:
+    """group_doc ``[Tp / group + TAIL_TOKENS / group + 1]`` int32: the document of each group of
+    ``group`` tokens of a padded layout (offsets ``cu_p``), then -1 past its end (the Gluon
+    kernels read a tile ahead without masks)."""
+    lengths = (cu_p[1:] - cu_p[:-1]) // group
+    docs = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_p.device, dtype=torch.int32), lengths)
+    return torch.cat([docs, torch.full((TAIL_TOKENS // group + 1,), -1, dtype=torch.int32, device=cu_p.device)])
 
 
 def padded_offsets(cu: torch.Tensor, group: int) -> torch.Tensor:

@@ -246,9 +246,14 @@ def pq_lookup_scorer(Q, q_mask, pq):
 def pq_lookup_scores(Q, q_mask, layout, choice, docs=None):
     """Scores ``[Nq, Nd]`` fp32 of ``Q [Nq, Lq, 128]`` against a PQ look-up layout on Q's device
     (``docs``: ``(lo, hi)``, its documents lo..hi-1), with the tile ``choice`` names."""
+    cfg = choice.config
+    if choice.kernel is _specs.PQ_LOOKUP_GLUON:
+        from .pq_gluon import gluon_scores
+
+        return gluon_scores(Q, layout, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"], qpb=cfg["qpb"],
+                            docs=docs)
     from .pq_lut import pq_lut_scores
 
-    cfg = choice.config
     return pq_lut_scores(Q, layout, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],
                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], waves=cfg["waves"], docs=docs)
 

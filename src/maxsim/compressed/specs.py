@@ -64,6 +64,18 @@ LOOKUP_TRITON = KernelSpec(
 # codebooks int8 with one scale a sub-space, the query quantised per row. It reads the corpus's
 # padded layout (:func:`maxsim.compressed.pq_lut.build_layout`), so it serves searches of a stored
 # corpus.
+PQ_LOOKUP_GLUON = KernelSpec(
+    "compressed.pq_lookup_gluon",
+    "Gluon (Hopper): the PQ look-up scorer with the int8 codebooks in shared memory, each code's 4 "
+    "coordinates gathered as one word straight into the wgmma's register operand, the query quantised "
+    "per row in shared memory",
+    dtypes=(torch.float16, torch.bfloat16, torch.float32),
+    dims=(128,),
+    layouts=("packed",),
+    argmax=False,
+    families=("sm90",),
+    triton=((3, 6),),
+)
 PQ_LOOKUP = KernelSpec(
     "compressed.pq_lookup",
     "Triton: the PQ look-up scorer (each code's 4 int8 coordinates gathered as one 32-bit word of the "

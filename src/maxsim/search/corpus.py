@@ -150,7 +150,9 @@ def _free_device_bytes(device: torch.device) -> int | None:
     """Free bytes of a CUDA device; None elsewhere (no limit to check)."""
     if device.type != "cuda":
         return None
-    return int(torch.cuda.mem_get_info(device)[0])
+    from maxsim.tuning import free_device_bytes
+
+    return free_device_bytes(device)
 
 
 def _as_tensor(name, x) -> torch.Tensor:

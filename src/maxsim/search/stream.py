@@ -55,8 +55,9 @@ _CPU_DEFAULT_BUDGET = 1 << 30
 
 def default_budget(device: torch.device) -> int:
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free // 4)
+        from maxsim.tuning import free_device_bytes
+
+        return free_device_bytes(device) // 4
     return _CPU_DEFAULT_BUDGET
 
 

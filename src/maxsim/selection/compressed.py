@@ -109,13 +109,19 @@ def pq_lookup_choice(Nq: int, Lq: int, d: int, sub_dim: int, dtype: torch.dtype,
 
 @functools.lru_cache(maxsize=512)
 def _pq_lookup(nq, lq, d, sub_dim, dtype, masked, needs_grad, family):
-    spec = specs.PQ_LOOKUP
-    why = spec.unsupported(call_of(dtype, d, "packed", masked, False, needs_grad, family))
-    if why is None and sub_dim != 4:
-        why = f"gathers 4 dimensions a code (one 32-bit word), not {sub_dim}"
-    if why is not None:
-        return None, ((spec.name, why),)
-    return _lookup_tile(spec, T.PQ_LOOKUP_SM90, nq, family, ()), ()
+    call = call_of(dtype, d, "packed", masked, False, needs_grad, family)
+    rejected = []
+    for spec, table in ((specs.PQ_LOOKUP_GLUON, T.PQ_LOOKUP_GLUON_SM90), (specs.PQ_LOOKUP, T.PQ_LOOKUP_SM90)):
+        why = spec.unsupported(call)
+        if why is None and sub_dim != 4:
+            why = f"gathers 4 dimensions a code (one 32-bit word), not {sub_dim}"
+        if why is None and spec is specs.PQ_LOOKUP_GLUON and lq > 32:
+            why = f"holds 32 query rows a query (N = 32 a query in the wgmma), not {lq}"
+        if why is not None:
+            rejected.append((spec.name, why))
+            continue
+        return _lookup_tile(spec, table, nq, family, tuple(rejected)), tuple(rejected)
+    return None, tuple(rejected)
 
 
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,

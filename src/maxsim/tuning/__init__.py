@@ -42,10 +42,19 @@ def multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def free_device_bytes(device: torch.device) -> int:
+    """Bytes a new allocation on CUDA ``device`` can take: the driver's free memory plus what
+    PyTorch's caching allocator holds unused (freed tensors it keeps for reuse, which the driver
+    counts as taken)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
 def is_big_corpus(doc_tokens: int) -> bool:
     from maxsim.tuning.tables import BIG_CORPUS_TOKENS
 
     return doc_tokens >= BIG_CORPUS_TOKENS
 
 
-__all__ = ["FAMILIES", "UntunedGPUWarning", "gpu_family", "is_big_corpus", "multiprocessors", "next_pow2"]
+__all__ = ["FAMILIES", "UntunedGPUWarning", "free_device_bytes", "gpu_family", "is_big_corpus", "multiprocessors",
+           "next_pow2"]
