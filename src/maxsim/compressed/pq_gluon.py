@@ -46,12 +46,15 @@ def _load_codes(codes_ptr, t0, t_hi, off_c, o_row, M: gl.constexpr):
 
 
 @gluon.jit
-def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr):
+def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr, ABLATE: gl.constexpr):
     """Slice k's left operand [BT, 32] int8 in the wgmma's register layout: each code's word
     (table row ``sub_row`` + code, ``sub_row`` [1, 4, 2] = (8k + l + 4b) * 256) gathered from shared
     memory into the register that holds its 4 coordinates."""
     idx = gl.expand_dims(sub_row + b_code.to(gl.int32), 3) + zero4  # [BT, 4, 2, 4]: the same index 4 times
-    d = gl.inline_asm_elementwise(_LOAD_WORD, "=r,r,r,r,r", [idx], dtype=gl.int8, is_pure=False, pack=4)
+    if ABLATE % 2 == 1:  # the probe's ablation: no gather (the index's low byte as the coordinates)
+        d = idx.to(gl.int8)
+    else:
+        d = gl.inline_asm_elementwise(_LOAD_WORD, "=r,r,r,r,r", [idx], dtype=gl.int8, is_pure=False, pack=4)
     d = gl.reshape(gl.permute(d, (0, 2, 1, 3)), [BT, 32])  # column 16 b + 4 l + byte
     return gl.convert_layout(d, a_op)
 
@@ -60,16 +63,22 @@ def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr)
 def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi,
                 o_g, b_carry, carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
                 mma: gl.constexpr, a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr,
-                rows: gl.constexpr):
+                rows: gl.constexpr, ABLATE: gl.constexpr):
     """Scores tile t0 (its codes c0..c3, one per slice): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
-    acc = warpgroup_mma(_slice_operand(c0, sub0, zero4, a_op, BT), q_smem.index(0).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT), q_smem.index(1).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT), q_smem.index(2).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT), q_smem.index(3).permute((1, 0)), acc)
+    acc = warpgroup_mma(_slice_operand(c0, sub0, zero4, a_op, BT, ABLATE), q_smem.index(0).permute((1, 0)), acc)
+    acc = warpgroup_mma(_slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE), q_smem.index(1).permute((1, 0)),
+                        acc)
+    acc = warpgroup_mma(_slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE),
+                        q_smem.index(2).permute((1, 0)), acc)
+    acc = warpgroup_mma(_slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE),
+                        q_smem.index(3).permute((1, 0)), acc)
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
     b_s = gl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
+    if ABLATE >= 2:  # the probe's ablation: no document maxima (one running max of the columns)
+        b_m = gl.convert_layout(gl.max(b_s, axis=0), gl.SliceLayout(0, cols))
+        return gl.maximum(b_carry, b_m), carry_doc
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
                            LQ, QPB, BT, G, strips, cols, rows)
 
@@ -78,7 +87,7 @@ def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_p
 def _pq_lut_gluon_kernel(
     codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, docs_per_program, n_runs, Nq,
-    M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
+    M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ABLATE: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; arguments as
     ``pq_lut._pq_lut_kernel``'s, plus ``gdoc_ptr`` (each group's document, padded past the end) and
@@ -146,18 +155,25 @@ def _pq_lut_gluon_kernel(
         n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
                                          Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, a_op,
-                                         strips, cols, rows)
+                                         strips, cols, rows, ABLATE)
         c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(n0, n1, n2, n3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
                                          Nd, doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma,
-                                         a_op, strips, cols, rows)
+                                         a_op, strips, cols, rows, ABLATE)
+    if ABLATE >= 2:  # keeps the ablated walk's work alive
+        o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
+        gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
     tab._keep_alive()  # the gathers read it behind the compiler's back: no other buffer may take its place
 
 
-def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None):
+def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None,
+                 maxnreg: int | None = None, ablate: int = 0):
     """:func:`maxsim.compressed.pq_lut.pq_lut_scores` through the Gluon kernel: Q ``[Nq, Lq <= 32,
-    128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout` built with
-    ``gluon=True`` (codes in :func:`code_order`)."""
+    128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout`; ``maxnreg``
+    caps the registers a thread (more programs an SM). ``ablate``
+    (the probe's, meaningless scores): 1 no gather, 2 no document maxima, 3 neither."""
+    if ablate not in (0, 1, 2, 3):
+        raise ValueError(f"ablate must be 0 to 3, got {ablate!r}")
     from maxsim.compressed.pq_lut import prepare_queries
     from maxsim.compressed.residual_lut import document_range, run_grid
 
@@ -173,5 +189,6 @@ def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int 
     docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
         layout.codes, cu, q8, qs, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs, Nq,
-        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, num_warps=4, num_stages=1)
+        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, ABLATE=ablate, num_warps=4,
+        num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out
