@@ -84,9 +84,9 @@ def lut_cell(docs: int, variants: list) -> dict:
         try:
             if v.pop("gluon", False):
                 from maxsim.compressed.pq_gluon import gluon_scores
-                if label == "gluon BT128 waves8":  # checked against the emulation too
-                    g_s = gluon_scores(Qc, lay_s).double().cpu()
-                    out["gluon_emulation_max_abs"] = float((g_s - ref).abs().max())
+                if label in ("gluon BT128 waves8", "gluon shuffle BT128 waves8"):  # against the emulation too
+                    g_s = gluon_scores(Qc, lay_s, shuffle=v.get("shuffle", False)).double().cpu()
+                    out[label + " emulation_max_abs"] = float((g_s - ref).abs().max())
                 ms = median_ms(lambda: gluon_scores(Q, layout, **v))
             else:
                 ms = median_ms(lambda: pq_lut_scores(Q, layout, **v))
@@ -144,31 +144,25 @@ def main():
     p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    variants = [dict(label="gluon BT128 waves8", gluon=True), dict(label="gluon BT128 waves4", gluon=True, waves=4),
-                dict(label="gluon BT64 waves8", gluon=True, block_tokens=64),
+    variants = [dict(label="gluon BT128 waves8", gluon=True), dict(label="gluon BT64 waves8", gluon=True, block_tokens=64),
                 dict(label="gluon BT128 waves16", gluon=True, waves=16),
+                dict(label="q32 gluon qpb2", gluon=True, queries=32, qpb=2),
+                dict(label="q32 gluon qpb4 BT64", gluon=True, queries=32, qpb=4, block_tokens=64),
                 dict(label="gluon BT128 waves8 maxnreg128", gluon=True, maxnreg=128),
-                dict(label="gluon BT128 waves16 maxnreg128", gluon=True, waves=16, maxnreg=128),
                 dict(label="gluon BT64 waves16 maxnreg96", gluon=True, block_tokens=64, waves=16, maxnreg=96),
                 dict(label="q32 gluon qpb4 BT64 maxnreg168", gluon=True, queries=32, qpb=4, block_tokens=64,
                      maxnreg=168),
-                dict(label="q32 gluon qpb2 maxnreg168", gluon=True, queries=32, qpb=2, maxnreg=168),
+                dict(label="gluon shuffle BT128 waves8", gluon=True, shuffle=True),
+                dict(label="gluon shuffle BT128 waves8 maxnreg128", gluon=True, shuffle=True, maxnreg=128),
+                dict(label="gluon shuffle BT64 waves16", gluon=True, shuffle=True, block_tokens=64, waves=16),
+                dict(label="q32 gluon shuffle qpb4 BT64", gluon=True, shuffle=True, queries=32, qpb=4, block_tokens=64),
+                dict(label="q32 gluon shuffle qpb2", gluon=True, shuffle=True, queries=32, qpb=2),
                 dict(label="gluon ablation: no gather", gluon=True, ablate=1),
                 dict(label="gluon ablation: no document max", gluon=True, ablate=2),
                 dict(label="gluon ablation: neither", gluon=True, ablate=3),
-                dict(label="q32 gluon qpb1", gluon=True, queries=32), dict(label="q32 gluon qpb2", gluon=True, queries=32, qpb=2),
-                dict(label="q32 gluon qpb4 BT64", gluon=True, queries=32, qpb=4, block_tokens=64),
-                dict(label="BT128 w4 waves4"), dict(label="BT128 w4 waves8", waves=8),
-                dict(label="BT64 w4 waves8", block_tokens=64, waves=8),
-                dict(label="BT128 w8 waves4", num_warps=8), dict(label="BT256 w8 waves4", block_tokens=256, num_warps=8),
-                dict(label="BT128 w4 s2 waves8", num_stages=2, waves=8),
+                dict(label="BT128 w4 waves8", waves=8), dict(label="q32 qpb2", queries=32, qpb=2),
                 dict(label="ablation: no gather", ablate=1, waves=8),
-                dict(label="ablation: no gather, no split", ablate=2, waves=8),
-                dict(label="q32 qpb1", queries=32), dict(label="q32 qpb2", queries=32, qpb=2),
-                dict(label="q32 qpb2 w8", queries=32, qpb=2, num_warps=8),
-                dict(label="q32 qpb2 BT64", queries=32, qpb=2, block_tokens=64),
-                dict(label="q32 qpb2 waves8", queries=32, qpb=2, waves=8),
-                dict(label="q32 qpb4 w8", queries=32, qpb=4, num_warps=8)]
+                dict(label="ablation: no gather, no split", ablate=2, waves=8)]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), docs=args.docs)
     skipped = dict(status="error", error="skipped")

@@ -121,8 +121,9 @@ needs_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.
 
 
 @needs_hopper
-@pytest.mark.parametrize("block,qpb", [(128, 1), (128, 2), (64, 1)])
-def test_gluon_scores_match_the_emulation(block, qpb):
+@pytest.mark.parametrize("block,qpb,shuffle", [(128, 1, False), (128, 2, False), (64, 1, False), (128, 1, True),
+                                               (64, 4, True)])
+def test_gluon_scores_match_the_emulation(block, qpb, shuffle):
     from maxsim.compressed.pq_gluon import gluon_scores
 
     pq, codes, cu, Q = _case(int(torch.randint(0, 2**31, ()).item()), num_docs=301)
@@ -130,7 +131,7 @@ def test_gluon_scores_match_the_emulation(block, qpb):
     q_mask = torch.ones(3, 20, dtype=torch.bool)
     q_mask[1, 15:] = False
     lay = layout.to("cuda")
-    got = gluon_scores(Q.cuda(), lay, q_mask=q_mask.cuda(), block_tokens=block, qpb=qpb).double().cpu()
+    got = gluon_scores(Q.cuda(), lay, q_mask=q_mask.cuda(), block_tokens=block, qpb=qpb, shuffle=shuffle).double().cpu()
     want = pq_lut_emulation(Q, layout, q_mask=q_mask)
     qs = prepare_queries(Q, layout, q_mask=q_mask)[1][:3].double()
     err = (got - want).abs()
@@ -139,5 +140,6 @@ def test_gluon_scores_match_the_emulation(block, qpb):
     # the Triton scorer reads the same layout and gives the same scores to fp32 rounding
     triton_scores = pq_lut_scores(Q.cuda(), lay, q_mask=q_mask.cuda(), qpb=qpb).double().cpu()
     torch.testing.assert_close(got, triton_scores, rtol=1e-5, atol=1e-4)
-    part = gluon_scores(Q.cuda(), lay, q_mask=q_mask.cuda(), block_tokens=block, qpb=qpb, docs=(37, 211)).cpu()
+    part = gluon_scores(Q.cuda(), lay, q_mask=q_mask.cuda(), block_tokens=block, qpb=qpb, shuffle=shuffle,
+                        docs=(37, 211)).cpu()
     torch.testing.assert_close(part.double(), got[:, 37:211], rtol=0, atol=0)
