@@ -352,7 +352,7 @@ def residual_lut_variants():
         yield f"pq lut qpb={qpb}", _pq_lut_kernel, dict(M=32, LQ=32, QPB=qpb, BT=128, G=16, ABLATE=0), pq_ptrs, 4, 3
     pq_gluon_ptrs = dict(pq_ptrs, gdoc_ptr="i32")
     for qpb, bt in ((1, 128), (2, 128), (4, 64)):  # the Gluon PQ scorer (maxsim/compressed/pq_gluon.py)
-        yield f"pq lut gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, SHUFFLE=False, ABLATE=0), \
+        yield f"pq lut gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, ABLATE=0), \
             pq_gluon_ptrs, 4, 1
 
 

@@ -63,7 +63,7 @@ def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr,
 def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi,
                 o_g, b_carry, carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
                 mma: gl.constexpr, a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr,
-                rows: gl.constexpr, SHUFFLE: gl.constexpr, ABLATE: gl.constexpr):
+                rows: gl.constexpr, ABLATE: gl.constexpr):
     """Scores tile t0 (its codes c0..c3, one per slice): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
@@ -80,15 +80,14 @@ def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_p
         b_m = gl.convert_layout(gl.max(b_s, axis=0), gl.SliceLayout(0, cols))
         return gl.maximum(b_carry, b_m), carry_doc
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
-                           LQ, QPB, BT, G, strips, cols, rows, SHUFFLE)
+                           LQ, QPB, BT, G, strips, cols, rows)
 
 
 @gluon.jit
 def _pq_lut_gluon_kernel(
     codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, docs_per_program, n_runs, Nq,
-    M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, SHUFFLE: gl.constexpr,
-    ABLATE: gl.constexpr,
+    M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ABLATE: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; arguments as
     ``pq_lut._pq_lut_kernel``'s, plus ``gdoc_ptr`` (each group's document, padded past the end) and
@@ -156,11 +155,11 @@ def _pq_lut_gluon_kernel(
         n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
                                          Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, a_op,
-                                         strips, cols, rows, SHUFFLE, ABLATE)
+                                         strips, cols, rows, ABLATE)
         c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(n0, n1, n2, n3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
                                          Nd, doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma,
-                                         a_op, strips, cols, rows, SHUFFLE, ABLATE)
+                                         a_op, strips, cols, rows, ABLATE)
     if ABLATE >= 2:  # keeps the ablated walk's work alive
         o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
         gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
@@ -168,11 +167,10 @@ def _pq_lut_gluon_kernel(
 
 
 def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None,
-                 maxnreg: int | None = None, shuffle: bool = False, ablate: int = 0):
+                 maxnreg: int | None = None, ablate: int = 0):
     """:func:`maxsim.compressed.pq_lut.pq_lut_scores` through the Gluon kernel: Q ``[Nq, Lq <= 32,
     128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout`; ``maxnreg``
-    caps the registers a thread (more programs an SM); ``shuffle``: each group's max by warp
-    shuffles in the MMA layout, not through shared memory. ``ablate``
+    caps the registers a thread (more programs an SM). ``ablate``
     (the probe's, meaningless scores): 1 no gather, 2 no document maxima, 3 neither."""
     if ablate not in (0, 1, 2, 3):
         raise ValueError(f"ablate must be 0 to 3, got {ablate!r}")
@@ -191,6 +189,6 @@ def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int 
     docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
         layout.codes, cu, q8, qs, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs, Nq,
-        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, SHUFFLE=shuffle, ABLATE=ablate,
+        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, ABLATE=ablate,
         num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out

@@ -193,26 +193,22 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
     b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]  # [BT, N]
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
-                           LQ, QPB, BT, G, strips, cols, rows, False)
+                           LQ, QPB, BT, G, strips, cols, rows)
 
 
 @gluon.jit
 def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
                     LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, strips: gl.constexpr,
-                    cols: gl.constexpr, rows: gl.constexpr, SHUFFLE: gl.constexpr):
+                    cols: gl.constexpr, rows: gl.constexpr):
     """Tile t0's scores b_s [BT, N] (any layout) into document maxima: stores the score of every
     document that ends in the tile, returns the running max of the one that goes on and its
     document (-3: none). Groups of G tokens never straddle documents; ``gdoc_ptr`` the document of
-    each group (the layout pads past its end). SHUFFLE: b_s is in the MMA layout, whose groups of 16
-    rows each lie in one warp (reduced by shuffles, no shared memory)."""
+    each group (the layout pads past its end)."""
     NG: gl.constexpr = BT // G
     N: gl.constexpr = QPB * LQ
     NEG_INF: gl.constexpr = float("-inf")
-    if SHUFFLE:  # each group's max where the MMA left it: in-thread, then across the warp's lanes
-        b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]
-    else:  # through shared memory into column strips, each group's max in-thread
-        b_s = gl.convert_layout(b_s, strips)
-        b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
+    b_s = gl.convert_layout(b_s, strips)
+    b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
     b_r = gl.convert_layout(b_r, cols)  # a column a thread
 
     # each group's document (groups never straddle documents); the run's next group decides

@@ -251,7 +251,7 @@ def pq_lookup_scores(Q, q_mask, layout, choice, docs=None):
         from .pq_gluon import gluon_scores
 
         return gluon_scores(Q, layout, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"], qpb=cfg["qpb"],
-                            docs=docs)
+                            maxnreg=cfg.get("maxnreg"), docs=docs)
     from .pq_lut import pq_lut_scores
 
     return pq_lut_scores(Q, layout, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],

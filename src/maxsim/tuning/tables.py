@@ -345,7 +345,8 @@ _PQ_LOOKUP_RECORD = "BENCHMARKS.md, PQ codes on the int8 tensor cores (benchmark
 PQ_LOOKUP_GLUON_SM90 = (
     Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, waves=8), _PQ_LOOKUP_RECORD),
     Rule("two queries", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8), _PQ_LOOKUP_RECORD),
-    Rule("three queries or more (N 128)", When(), _T(qpb=4, BT=64, waves=8), _PQ_LOOKUP_RECORD),
+    Rule("three queries or more (N 128; 168 registers: 3 programs an SM)", When(),
+         _T(qpb=4, BT=64, waves=8, maxnreg=168), _PQ_LOOKUP_RECORD),
 )
 PQ_LOOKUP_SM90 = (
     Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, num_warps=4, num_stages=3, waves=8), _PQ_LOOKUP_RECORD),
