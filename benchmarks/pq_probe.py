@@ -84,8 +84,8 @@ def lut_cell(docs: int, variants: list) -> dict:
         try:
             if v.pop("gluon", False):
                 from maxsim.compressed.pq_gluon import gluon_scores
-                if label == "gluon BT128 waves8":  # checked against the emulation too
-                    g_s = gluon_scores(Qc, lay_s).double().cpu()
+                if label in ("gluon BT128 waves8", "gluon pairs BT128 waves8"):  # against the emulation too
+                    g_s = gluon_scores(Qc, lay_s, pairs=v.get("pairs", False)).double().cpu()
                     out[label + " emulation_max_abs"] = float((g_s - ref).abs().max())
                 ms = median_ms(lambda: gluon_scores(Q, layout, **v))
             else:
@@ -153,6 +153,10 @@ def main():
                 dict(label="gluon BT64 waves16 maxnreg96", gluon=True, block_tokens=64, waves=16, maxnreg=96),
                 dict(label="q32 gluon qpb4 BT64 maxnreg168", gluon=True, queries=32, qpb=4, block_tokens=64,
                      maxnreg=168),
+                dict(label="gluon pairs BT128 waves8", gluon=True, pairs=True),
+                dict(label="gluon pairs BT128 waves8 maxnreg128", gluon=True, pairs=True, maxnreg=128),
+                dict(label="q32 gluon pairs qpb4 BT64 maxnreg168", gluon=True, pairs=True, queries=32, qpb=4,
+                     block_tokens=64, maxnreg=168),
                 dict(label="gluon ablation: no gather", gluon=True, ablate=1),
                 dict(label="gluon ablation: no document max", gluon=True, ablate=2),
                 dict(label="gluon ablation: neither", gluon=True, ablate=3),

@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 from maxsim.compressed.residual_gluon import (MAGIC, MAGIC_BITS, cols_layout, document_maxima, mma_layout,
-                                              query_slices, rows_layout, strips_layout)
+                                              pair_strips_layout, query_slices, rows_layout, strips_layout)
 
 TABLE_WORDS = gl.constexpr(32 * 256)  # m 32 sub-spaces of 256 codes, one 32-bit word each
 # The table's word $1 into $0 (the table sits at the base of shared memory). As an int8 pack of 4,
@@ -63,7 +63,7 @@ def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr,
 def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi,
                 o_g, b_carry, carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
                 mma: gl.constexpr, a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr,
-                rows: gl.constexpr, ABLATE: gl.constexpr):
+                rows: gl.constexpr, PAIRS: gl.constexpr, ABLATE: gl.constexpr):
     """Scores tile t0 (its codes c0..c3, one per slice): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
@@ -80,14 +80,15 @@ def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_p
         b_m = gl.convert_layout(gl.max(b_s, axis=0), gl.SliceLayout(0, cols))
         return gl.maximum(b_carry, b_m), carry_doc
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
-                           LQ, QPB, BT, G, strips, cols, rows)
+                           LQ, QPB, BT, G, strips, cols, rows, PAIRS)
 
 
 @gluon.jit
 def _pq_lut_gluon_kernel(
     codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, docs_per_program, n_runs, Nq,
-    M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ABLATE: gl.constexpr,
+    M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, PAIRS: gl.constexpr,
+    ABLATE: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; arguments as
     ``pq_lut._pq_lut_kernel``'s, plus ``gdoc_ptr`` (each group's document, padded past the end) and
@@ -97,7 +98,10 @@ def _pq_lut_gluon_kernel(
     NEG_INF: gl.constexpr = float("-inf")
     mma: gl.constexpr = mma_layout(N)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    strips: gl.constexpr = strips_layout(G)
+    if PAIRS:
+        strips: gl.constexpr = pair_strips_layout(G)
+    else:
+        strips: gl.constexpr = strips_layout(G)
     cols: gl.constexpr = cols_layout(NG)
     rows: gl.constexpr = rows_layout(QPB, LQ)
     # [BT, 4 (l), 2 (b), 4 (byte)]: the wgmma's 8-bit A fragment (PTX: row lane / 4 + 8 i + 16 warp,
@@ -155,11 +159,11 @@ def _pq_lut_gluon_kernel(
         n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
                                          Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, a_op,
-                                         strips, cols, rows, ABLATE)
+                                         strips, cols, rows, PAIRS, ABLATE)
         c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(n0, n1, n2, n3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
                                          Nd, doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma,
-                                         a_op, strips, cols, rows, ABLATE)
+                                         a_op, strips, cols, rows, PAIRS, ABLATE)
     if ABLATE >= 2:  # keeps the ablated walk's work alive
         o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
         gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
@@ -167,10 +171,12 @@ def _pq_lut_gluon_kernel(
 
 
 def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None,
-                 maxnreg: int | None = None, ablate: int = 0):
+                 maxnreg: int | None = None, pairs: bool = False, ablate: int = 0):
     """:func:`maxsim.compressed.pq_lut.pq_lut_scores` through the Gluon kernel: Q ``[Nq, Lq <= 32,
     128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout`; ``maxnreg``
-    caps the registers a thread (more programs an SM). ``ablate``
+    caps the registers a thread (more programs an SM); ``pairs``: each row pair's max before the
+    tile goes through shared memory (half the bytes), two fewer conversions (the probe's, until
+    measured). ``ablate``
     (the probe's, meaningless scores): 1 no gather, 2 no document maxima, 3 neither."""
     if ablate not in (0, 1, 2, 3):
         raise ValueError(f"ablate must be 0 to 3, got {ablate!r}")
@@ -189,6 +195,6 @@ def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int 
     docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
         layout.codes, cu, q8, qs, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs, Nq,
-        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, ABLATE=ablate,
+        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
         num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out

@@ -49,6 +49,12 @@ def strips_layout(G):
 
 
 @gluon.constexpr_function
+def pair_strips_layout(G):
+    """[NG, G / 2, N]: each group's G / 2 row-pair maxima of one column in a thread."""
+    return gl.BlockedLayout([1, G // 2, 1], [1, 1, 32], [4, 1, 1], [1, 2, 0])
+
+
+@gluon.constexpr_function
 def cols_layout(NG):
     """[NG, N]: a whole column of group maxima a thread."""
     return gl.BlockedLayout([NG, 1], [1, 32], [1, 4], [0, 1])
@@ -193,30 +199,45 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
     b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]  # [BT, N]
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
-                           LQ, QPB, BT, G, strips, cols, rows)
+                           LQ, QPB, BT, G, strips, cols, rows, False)
+
+
+@gluon.jit
+def _group_documents(gdoc_ptr, t0, t_hi, o_g, G: gl.constexpr):
+    """(document of each group o_g of tile t0 (-2 past the run), whether it is its document's last
+    group, whether it is inside the run), in o_g's layout."""
+    o_grp = t0 // G + o_g
+    m_grp = t0 + o_g * G < t_hi
+    b_gdoc = gl.where(m_grp, gl.load(gdoc_ptr + o_grp), -2)  # (the layout pads past its end)
+    b_next = gl.where(t0 + (o_g + 1) * G < t_hi, gl.load(gdoc_ptr + o_grp + 1), -1)
+    return b_gdoc, m_grp & (b_next != b_gdoc), m_grp
 
 
 @gluon.jit
 def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
                     LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, strips: gl.constexpr,
-                    cols: gl.constexpr, rows: gl.constexpr):
+                    cols: gl.constexpr, rows: gl.constexpr, PAIRS: gl.constexpr):
     """Tile t0's scores b_s [BT, N] (any layout) into document maxima: stores the score of every
     document that ends in the tile, returns the running max of the one that goes on and its
     document (-3: none). Groups of G tokens never straddle documents; ``gdoc_ptr`` the document of
-    each group (the layout pads past its end)."""
+    each group (the layout pads past its end). PAIRS: b_s is in the MMA layout, where rows r and
+    r + 8 of a group share a thread: their max first, then half the tile through shared memory into
+    ``strips`` (:func:`pair_strips_layout`); and the groups' documents are loaded twice rather than
+    converted."""
     NG: gl.constexpr = BT // G
     N: gl.constexpr = QPB * LQ
     NEG_INF: gl.constexpr = float("-inf")
-    b_s = gl.convert_layout(b_s, strips)
-    b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
+    if PAIRS:
+        b_h = gl.reduce(gl.reshape(b_s, [NG, 2, G // 2, N]), 1, _max_nan)  # [NG, G / 2, N]: in-thread
+        b_r = gl.reduce(gl.convert_layout(b_h, strips), 1, _max_nan)  # [NG, N]: in-thread
+    else:
+        b_s = gl.convert_layout(b_s, strips)
+        b_r = gl.reduce(gl.reshape(b_s, [NG, G, N]), 1, _max_nan)  # [NG, N]: in-thread
     b_r = gl.convert_layout(b_r, cols)  # a column a thread
 
     # each group's document (groups never straddle documents); the run's next group decides
     # whether the tile's last document goes on
-    o_grp = t0 // G + o_g
-    m_grp = t0 + o_g * G < t_hi
-    b_gdoc = gl.where(m_grp, gl.load(gdoc_ptr + o_grp), -2)  # [NG] (the layout pads past its end)
-    b_next = gl.where(t0 + (o_g + 1) * G < t_hi, gl.load(gdoc_ptr + o_grp + 1), -1)
+    b_gdoc, is_end, m_grp = _group_documents(gdoc_ptr, t0, t_hi, o_g, G)
     # running max along the groups, restarting where the document changes
     prev_doc = carry_doc
     run = b_carry
@@ -228,13 +249,15 @@ def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
         run = gl.where(doc_g == prev_doc, _max_nan(run, r_g), r_g)
         b_m = gl.where(sel, run[None, :], b_m)
         prev_doc = doc_g
-    is_end = m_grp & (b_next != b_gdoc)
     # [NG, QPB]: each query's rows summed in-thread
     b_sc = gl.sum(gl.convert_layout(gl.reshape(b_m, [NG, QPB, LQ]), rows), axis=2)
     sc_l: gl.constexpr = gl.SliceLayout(2, rows)
     o_qb = q0 + gl.arange(0, QPB, gl.SliceLayout(0, sc_l))
-    b_gd = gl.convert_layout(b_gdoc, gl.SliceLayout(1, sc_l))
-    b_end = gl.convert_layout(is_end, gl.SliceLayout(1, sc_l))
+    if PAIRS:  # the groups' documents loaded again where the store wants them (no conversion, no barrier)
+        b_gd, b_end, _ = _group_documents(gdoc_ptr, t0, t_hi, gl.arange(0, NG, gl.SliceLayout(1, sc_l)), G)
+    else:
+        b_gd = gl.convert_layout(b_gdoc, gl.SliceLayout(1, sc_l))
+        b_end = gl.convert_layout(is_end, gl.SliceLayout(1, sc_l))
     gl.store(out_ptr + o_qb.to(gl.int64)[None, :] * Nd + (b_gd - doc_base)[:, None], b_sc,
              mask=b_end[:, None] & (o_qb < Nq)[None, :])
     last_end = gl.sum(gl.where(o_g == NG - 1, is_end.to(gl.int32), 0), axis=0)
