@@ -350,10 +350,14 @@ def residual_lut_variants():
     pq_ptrs = dict(codes_ptr="u8", cu_ptr="i64", q_ptr="i8", qs_ptr="fp32", words_ptr="i32", out_ptr="fp32")
     for qpb in (1, 2):  # the PQ look-up scorer (maxsim/compressed/pq_lut.py)
         yield f"pq lut qpb={qpb}", _pq_lut_kernel, dict(M=32, LQ=32, QPB=qpb, BT=128, G=16, ABLATE=0), pq_ptrs, 4, 3
-    pq_gluon_ptrs = dict(pq_ptrs, gdoc_ptr="i32")
+    pq_gluon_ptrs = dict(pq_ptrs, gdoc_ptr="i32", scale_ptr="fp32")
     for qpb, bt, pairs in ((1, 128, False), (2, 128, False), (4, 64, False), (1, 128, True), (4, 64, True)):
         yield f"pq lut gluon qpb={qpb} BT {bt}{' pairs' if pairs else ''}", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0), pq_gluon_ptrs, 4, 1
+            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=False), pq_gluon_ptrs, 4, 1
+    for qpb, bt in ((1, 128), (4, 64)):  # the same kernel on int8 tokens (maxsim/compressed/int8_gluon.py)
+        yield f"int8 gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, \
+            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=False, ABLATE=0, INT8=True), \
+            dict(pq_gluon_ptrs, codes_ptr="i32", scale_ptr="fp32"), 4, 1
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
@@ -370,7 +374,7 @@ EXPECT_WGMMA = {
     "residual lut gluon nbits=2 qpb=4", "residual lut gluon nbits=4 qpb=4",
     "pq lut qpb=1", "pq lut qpb=2", "pq lut gluon qpb=1 BT 128",
     "pq lut gluon qpb=2 BT 128", "pq lut gluon qpb=4 BT 64", "pq lut gluon qpb=1 BT 128 pairs",
-    "pq lut gluon qpb=4 BT 64 pairs",
+    "pq lut gluon qpb=4 BT 64 pairs", "int8 gluon qpb=1 BT 128", "int8 gluon qpb=4 BT 64",
 }
 
 

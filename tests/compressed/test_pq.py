@@ -171,6 +171,41 @@ def test_encode_ties_go_to_the_lowest_index():
     assert torch.all(codes[:, 0] == 17) and torch.all(codes[:, 1] == 3)
 
 
+@pytest.mark.parametrize("m,sub_dim,dtype", [(4, 3, torch.float32), (3, 4, torch.float16), (2, 8, torch.bfloat16)])
+def test_encode_kernel_is_the_brute_force_nearest_centroid(m, sub_dim, dtype):
+    """The fused kernel (the CUDA path of encode; the interpreter without a GPU): the nearest of all
+    256 centroids to fp32 rounding, the lowest index on exact ties, rows past a block's end untouched."""
+    from conftest import KERNEL_DEVICE
+    from maxsim.compressed.pq_encode import pq_encode
+
+    codebooks = torch.randn(m, 256, sub_dim)
+    codebooks[0, [40, 200, 255]] = codebooks[0, 17].clone()  # exact ties in sub-space 0
+    x = torch.randn(77, m * sub_dim)
+    x[:5, :sub_dim] = codebooks[0, 17] + 1e-3 * torch.randn(5, sub_dim)
+    x = x.to(dtype)
+    codes = pq_encode(x.to(KERNEL_DEVICE), codebooks.to(KERNEL_DEVICE), block_tokens=16).cpu()
+    assert codes.shape == (77, m) and codes.dtype == torch.uint8
+    distance = (x.double().reshape(77, m, 1, sub_dim) - codebooks.double().unsqueeze(0)).square().sum(-1)
+    chosen = distance.gather(-1, codes.long().unsqueeze(-1)).squeeze(-1)
+    best = distance.min(-1).values
+    assert torch.all(chosen - best <= 1e-5 * (1 + best))
+    assert (codes.long() == distance.argmin(-1)).float().mean() > 0.99
+    assert torch.all(codes[:5, 0] == 17)  # the first of the four equal centroids
+    assert torch.equal(pq_encode(x[:0].to(KERNEL_DEVICE), codebooks.to(KERNEL_DEVICE)).cpu(), codes[:0])
+    with pytest.raises(ValueError, match="256 centroids"):
+        pq_encode(x.to(KERNEL_DEVICE), codebooks[:, :128].to(KERNEL_DEVICE))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA path of encode")
+def test_encode_on_the_gpu_agrees_with_the_cpu():
+    pq = _random_pq(m=16, sub_dim=8)
+    x = torch.randn(5000, 128)
+    on_gpu = ProductQuantizer(pq.codebooks.cuda()).encode(x.cuda()).cpu()
+    on_cpu = pq.encode(x)
+    assert (on_gpu == on_cpu).float().mean() > 0.999  # the rest: fp32 near-ties, either is the nearest
+    assert ProductQuantizer(pq.codebooks.cuda()).encode(x.cuda().reshape(50, 100, 128)).shape == (50, 100, 16)
+
+
 def test_decode_encode_round_trip_on_centroids():
     pq = _random_pq(m=5, sub_dim=2)
     codes = _random_codes((300,), 5)

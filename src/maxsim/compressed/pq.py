@@ -30,6 +30,7 @@ import zlib
 import numpy as np
 import torch
 
+from maxsim._dispatch import backend_for
 from maxsim._progress import progress_bar
 
 from ._fixed import fixed_point as _fixed_point
@@ -152,8 +153,9 @@ class ProductQuantizer:
     def encode(self, x) -> torch.Tensor:
         """x [..., d] float -> codes [..., m] uint8: the nearest centroid of each sub-space.
 
-        Squared L2 distance from the differences, sum((x_j - c)²), lowest index on ties (the GEMM
-        expansion |x|² - 2 x·c + |c|² only shortlists candidates). Runs on x's device.
+        Squared L2 distance from the differences, sum((x_j - c)²), lowest index on ties. On a CUDA
+        device one kernel computes all 256 distances (:mod:`maxsim.compressed.pq_encode`); elsewhere
+        the GEMM expansion |x|² - 2 x·c + |c|² only shortlists candidates. Runs on x's device.
         """
         if not torch.is_tensor(x) or not x.is_floating_point() or x.dim() < 1 or x.shape[-1] != self.dim:
             raise ValueError(f"maxsim: x must be a floating-point tensor of shape [T, {self.dim}], got "
@@ -163,6 +165,11 @@ class ProductQuantizer:
         if flat.shape[0] and not bool(torch.isfinite(flat).all()):
             raise ValueError("maxsim: x holds NaN or infinite values")
         codebooks = self.codebooks_on(x.device)
+        if x.device.type == "cuda" and backend_for(x.device) == "triton":  # one fused kernel (pq_encode.py)
+            from .pq_encode import pq_encode
+
+            return pq_encode(flat.reshape(flat.shape[0], self.dim).contiguous(), codebooks).reshape(
+                *lead_shape, self.m)
         codes = torch.empty(flat.shape[0], self.m, dtype=torch.uint8, device=x.device)
         scratch = _CUDA_SCRATCH_BYTES if x.device.type == "cuda" else _SCRATCH_BYTES
         rows = max(1, scratch // (4 * NUM_CENTROIDS * 2 * self.m))

@@ -37,8 +37,10 @@ _LOAD_WORD = gl.constexpr("{ .reg .u32 a; mov.u32 a, global_smem; mad.lo.u32 a, 
 
 @gluon.jit
 def _load_codes(codes_ptr, t0, t_hi, off_c, o_row, M: gl.constexpr):
-    """Tile t0's codes, one [BT, 4, 2] uint8 tensor per 32-dimension slice k: element (r, l, b) is
-    the code of sub-space 8k + l + 4b of token t0 + r (rows past t_hi: code 0; 2 bytes a load)."""
+    """Tile t0's codes, one [BT, 4, 2] tensor per 32-dimension slice k: element (r, l, b) is the
+    code of sub-space 8k + l + 4b of token t0 + r (rows past t_hi: 0; two codes a load). INT8: the
+    codes are the token's 32-bit words, word 8k + 4b + l holding coordinates 32 k + 16 b + 4 l + 0..3,
+    stored in the same order (M 32)."""
     p = codes_ptr + t0.to(gl.int64) * M + off_c
     m = (t0 + o_row) < t_hi
     return (gl.load(p, mask=m, other=0), gl.load(p + 2, mask=m, other=0), gl.load(p + 4, mask=m, other=0),
@@ -46,36 +48,45 @@ def _load_codes(codes_ptr, t0, t_hi, off_c, o_row, M: gl.constexpr):
 
 
 @gluon.jit
-def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr, ABLATE: gl.constexpr):
+def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr, ABLATE: gl.constexpr,
+                   INT8: gl.constexpr):
     """Slice k's left operand [BT, 32] int8 in the wgmma's register layout: each code's word
     (table row ``sub_row`` + code, ``sub_row`` [1, 4, 2] = (8k + l + 4b) * 256) gathered from shared
-    memory into the register that holds its 4 coordinates."""
-    idx = gl.expand_dims(sub_row + b_code.to(gl.int32), 3) + zero4  # [BT, 4, 2, 4]: the same index 4 times
-    if ABLATE % 2 == 1:  # the probe's ablation: no gather (the index's low byte as the coordinates)
-        d = idx.to(gl.int8)
+    memory into the register that holds its 4 coordinates. INT8: b_code is that operand already."""
+    if INT8:  # the word as the register's 4 bytes (an int8 pack of 4 moves nothing)
+        d = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [gl.expand_dims(b_code, 3) + zero4],
+                                      dtype=gl.int8, is_pure=True, pack=4)
     else:
-        d = gl.inline_asm_elementwise(_LOAD_WORD, "=r,r,r,r,r", [idx], dtype=gl.int8, is_pure=False, pack=4)
+        idx = gl.expand_dims(sub_row + b_code.to(gl.int32), 3) + zero4  # [BT, 4, 2, 4]: the same index 4 times
+        if ABLATE % 2 == 1:  # the probe's ablation: no gather (the index's low byte as the coordinates)
+            d = idx.to(gl.int8)
+        else:
+            d = gl.inline_asm_elementwise(_LOAD_WORD, "=r,r,r,r,r", [idx], dtype=gl.int8, is_pure=False, pack=4)
     d = gl.reshape(gl.permute(d, (0, 2, 1, 3)), [BT, 32])  # column 16 b + 4 l + byte
     return gl.convert_layout(d, a_op)
 
 
 @gluon.jit
-def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi,
-                o_g, b_carry, carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
-                mma: gl.constexpr, a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr,
-                rows: gl.constexpr, PAIRS: gl.constexpr, ABLATE: gl.constexpr):
-    """Scores tile t0 (its codes c0..c3, one per slice): :func:`document_maxima`."""
+def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
+                t0, t_hi, o_g, b_carry, carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
+                G: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr,
+                rows: gl.constexpr, PAIRS: gl.constexpr, ABLATE: gl.constexpr, INT8: gl.constexpr):
+    """Scores tile t0 (its codes or INT8 tokens c0..c3, one per slice): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
-    acc = warpgroup_mma(_slice_operand(c0, sub0, zero4, a_op, BT, ABLATE), q_smem.index(0).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE), q_smem.index(1).permute((1, 0)),
+    acc = warpgroup_mma(_slice_operand(c0, sub0, zero4, a_op, BT, ABLATE, INT8), q_smem.index(0).permute((1, 0)),
                         acc)
-    acc = warpgroup_mma(_slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE),
+    acc = warpgroup_mma(_slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE, INT8),
+                        q_smem.index(1).permute((1, 0)), acc)
+    acc = warpgroup_mma(_slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE, INT8),
                         q_smem.index(2).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE),
+    acc = warpgroup_mma(_slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE, INT8),
                         q_smem.index(3).permute((1, 0)), acc)
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
     b_s = gl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
+    if INT8:  # each token's scale
+        o_t = t0 + gl.arange(0, BT, gl.SliceLayout(1, mma))
+        b_s = b_s * gl.load(scale_ptr + o_t, mask=o_t < t_hi, other=0.0)[:, None]
     if ABLATE >= 2:  # the probe's ablation: no document maxima (one running max of the columns)
         b_m = gl.convert_layout(gl.max(b_s, axis=0), gl.SliceLayout(0, cols))
         return gl.maximum(b_carry, b_m), carry_doc
@@ -85,14 +96,17 @@ def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_p
 
 @gluon.jit
 def _pq_lut_gluon_kernel(
-    codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, gdoc_ptr, out_ptr,
+    codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, scale_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, docs_per_program, n_runs, Nq,
     M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, PAIRS: gl.constexpr,
-    ABLATE: gl.constexpr,
+    ABLATE: gl.constexpr, INT8: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; arguments as
     ``pq_lut._pq_lut_kernel``'s, plus ``gdoc_ptr`` (each group's document, padded past the end) and
-    ``doc_base`` (``cu_ptr`` may start at document doc_base of the layout). out [Nq, Nd] pre-zeroed."""
+    ``doc_base`` (``cu_ptr`` may start at document doc_base of the layout). out [Nq, Nd] pre-zeroed.
+    INT8: ``codes_ptr`` holds int8 tokens [Tp, 128] as [Tp, 32] int32 words in the codes' stored
+    order (scales ``scale_ptr`` [Tp] fp32), each word loaded straight into its A-fragment register;
+    no table (``words_ptr`` unread)."""
     N: gl.constexpr = QPB * LQ
     NG: gl.constexpr = BT // G
     NEG_INF: gl.constexpr = float("-inf")
@@ -122,18 +136,21 @@ def _pq_lut_gluon_kernel(
     pid = gl.program_id(0)
     i_run = pid % n_runs
     q0 = (pid // n_runs) * QPB
-    # The table first: the PTX gather addresses it from the base of shared memory.
-    tab = gl.allocate_shared_memory(gl.int32, [TABLE_WORDS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    o_tab = gl.arange(0, TABLE_WORDS, tab_blk)
-    b_words = gl.load(words_ptr + o_tab)
-    tab.store(b_words)
-    q_smem = query_slices(q_ptr, q0, LQ, N)
-    gl.thread_barrier()
-    b_back = gl.inline_asm_elementwise(_LOAD_WORD, "=r,r", [o_tab], dtype=gl.int32, is_pure=False, pack=1)
-    misplaced = gl.max((b_back != b_words).to(gl.int32), axis=0)  # 0 unless the table is elsewhere
     o_n = gl.arange(0, N, gl.SliceLayout(0, mma))
     b_qs = gl.load(qs_ptr + q0 * LQ + o_n)  # [N]
-    b_qs = gl.where(misplaced == 0, b_qs, float("nan"))
+    if INT8:
+        q_smem = query_slices(q_ptr, q0, LQ, N)
+    else:
+        # The table first: the PTX gather addresses it from the base of shared memory.
+        tab = gl.allocate_shared_memory(gl.int32, [TABLE_WORDS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        o_tab = gl.arange(0, TABLE_WORDS, tab_blk)
+        b_words = gl.load(words_ptr + o_tab)
+        tab.store(b_words)
+        q_smem = query_slices(q_ptr, q0, LQ, N)
+        gl.thread_barrier()
+        b_back = gl.inline_asm_elementwise(_LOAD_WORD, "=r,r", [o_tab], dtype=gl.int32, is_pure=False, pack=1)
+        misplaced = gl.max((b_back != b_words).to(gl.int32), axis=0)  # 0 unless the table is elsewhere
+        b_qs = gl.where(misplaced == 0, b_qs, float("nan"))
     b_cn = -MAGIC * b_qs
 
     # loop-invariant offsets in the fragment's layout: a token's codes, and its slice's table rows
@@ -157,17 +174,18 @@ def _pq_lut_gluon_kernel(
     # Two tiles an iteration, their code buffers swapping roles (the residual Gluon scorer's walk).
     for t0 in range(t_lo, t_hi, 2 * BT):
         n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
-        b_carry, carry_doc = _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
-                                         Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, a_op,
-                                         strips, cols, rows, PAIRS, ABLATE)
+        b_carry, carry_doc = _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr,
+                                         q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma,
+                                         a_op, strips, cols, rows, PAIRS, ABLATE, INT8)
         c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
-        b_carry, carry_doc = _score_tile(n0, n1, n2, n3, sub0, zero4, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq,
-                                         Nd, doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma,
-                                         a_op, strips, cols, rows, PAIRS, ABLATE)
+        b_carry, carry_doc = _score_tile(n0, n1, n2, n3, sub0, zero4, q_smem, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr,
+                                         q0, Nq, Nd, doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G,
+                                         mma, a_op, strips, cols, rows, PAIRS, ABLATE, INT8)
     if ABLATE >= 2:  # keeps the ablated walk's work alive
         o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
         gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
-    tab._keep_alive()  # the gathers read it behind the compiler's back: no other buffer may take its place
+    if not INT8:
+        tab._keep_alive()  # the gathers read it behind the compiler's back: no other buffer may take its place
 
 
 def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None,
@@ -194,7 +212,8 @@ def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int 
     q8, qs, LQ = prepare_queries(Q, layout, q_mask=q_mask, qpb=qpb, rows=32)
     docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
     _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
-        layout.codes, cu, q8, qs, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs, Nq,
-        M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
+        layout.codes, cu, q8, qs, layout.words, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs,
+        Nq, M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
+        INT8=False,
         num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out
