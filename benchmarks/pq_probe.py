@@ -11,8 +11,9 @@ dimensions, 256 centroids each), codes drawn at random:
 - ``stream``: today's ``maxsim_pq_varlen`` (the stream kernel decoding fp16 sub-vectors on chip);
 - ``fp16``: ``maxsim.maxsim_varlen`` on the corpus decoded to fp16 (the bar's baseline);
 - ``bytes``: the layout's codes read once by a plain reduction (the stream's floor);
-- ``int8``: the same documents as int8 tokens (random unit vectors), through the Gluon int8 scorer
-  (:mod:`maxsim.compressed.int8_gluon`) and the stream kernel's int8 x int8-query path.
+- ``int8`` / ``fp8_e4m3``: the same documents as one-byte tokens (random unit vectors), through
+  the Gluon one-byte scorer (:mod:`maxsim.compressed.onebyte_gluon`) and the stream kernel's
+  quantised-query path.
 
 Each provider runs in its own process (``_isolate``); times are medians of
 ``triton.testing.do_bench``.
@@ -140,38 +141,38 @@ def fp16_cell(docs: int) -> dict:
     return out
 
 
-def int8_cell(docs: int) -> dict:
-    """int8 tokens (random unit vectors, quantised a token) through the Gluon int8 scorer and the
-    stream kernel (the int8 x int8 query path Corpus.search takes today)."""
-    from maxsim.compressed.int8_gluon import build_layout, int8_emulation, int8_scores
+def int8_cell(docs: int, fmt: str = "int8") -> dict:
+    """int8 (or fp8_e4m3) tokens (random unit vectors, quantised a token) through the Gluon one-byte
+    scorer and the stream kernel (the quantised-query path Corpus.search takes today)."""
+    from maxsim.compressed.onebyte_gluon import build_layout, onebyte_emulation, onebyte_scores
     from maxsim.compressed.quantized import maxsim_quantized_varlen, quantize_tokens
 
     _, codes, cu = make_case(docs)
     total = codes.shape[0]
     del codes
     g = torch.Generator(device="cuda").manual_seed(SEED + 2)
-    values = torch.empty(total, DIM, dtype=torch.int8, device="cuda")
+    values = torch.empty(total, DIM, dtype=torch.int8 if fmt == "int8" else torch.float8_e4m3fn, device="cuda")
     scales = torch.empty(total, dtype=torch.float32, device="cuda")
     for start in range(0, total, 1 << 22):  # fp32 tokens a chunk at a time
         stop = min(total, start + (1 << 22))
         x = torch.nn.functional.normalize(torch.randn(stop - start, DIM, device="cuda", generator=g), dim=-1)
-        values[start:stop], scales[start:stop] = quantize_tokens(x)
+        values[start:stop], scales[start:stop] = quantize_tokens(x, fmt)
     layout = build_layout(values, scales, cu)
     small = 2000
     lay_s = build_layout(values[: int(cu[small])], scales[: int(cu[small])], cu[: small + 1])
     Qc = queries(3)
-    out = dict(int8_emulation_max_abs=float((int8_scores(Qc, lay_s).double().cpu()
-                                             - int8_emulation(Qc, lay_s)).abs().max()))
-    print("  int8 correctness", out, flush=True)
+    out = {f"{fmt} emulation_max_abs": float((onebyte_scores(Qc, lay_s).double().cpu()
+                                               - onebyte_emulation(Qc, lay_s)).abs().max())}
+    print(f"  {fmt} correctness", out, flush=True)
     Q1, Q32 = queries(1), queries(32)
-    for label, Q, kw in (("int8 gluon BT128 waves8", Q1, {}), ("int8 gluon BT64 waves8", Q1, dict(block_tokens=64)),
-                         ("int8 gluon BT64 waves16", Q1, dict(block_tokens=64, waves=16)),
-                         ("q32 int8 gluon qpb4 BT64", Q32, dict(qpb=4, block_tokens=64)),
-                         ("q32 int8 gluon qpb2 BT64", Q32, dict(qpb=2, block_tokens=64))):
-        out[label] = median_ms(lambda: int8_scores(Q, layout, **kw))
+    for label, Q, kw in ((f"{fmt} gluon BT128 waves8", Q1, {}), (f"{fmt} gluon BT64 waves8", Q1, dict(block_tokens=64)),
+                         (f"{fmt} gluon BT64 waves16", Q1, dict(block_tokens=64, waves=16)),
+                         (f"q32 {fmt} gluon qpb4 BT64", Q32, dict(qpb=4, block_tokens=64)),
+                         (f"q32 {fmt} gluon qpb2 BT64", Q32, dict(qpb=2, block_tokens=64))):
+        out[label] = median_ms(lambda: onebyte_scores(Q, layout, **kw))
         print(f"  {label:34s} {out[label]:.3f}", flush=True)
     for nq, Q in ((1, Q1), (32, Q32)):
-        out[f"int8 stream q{nq}_ms"] = median_ms(lambda: maxsim_quantized_varlen(Q, values, scales, cu,
+        out[f"{fmt} stream q{nq}_ms"] = median_ms(lambda: maxsim_quantized_varlen(Q, values, scales, cu,
                                                                                   quantize_query=True))
     return out
 
@@ -181,7 +182,7 @@ def main():
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--out", default=None)
     p.add_argument("--timeout", type=float, default=300)
-    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream int8")
+    p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream int8 fp8_e4m3")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [dict(label="gluon BT128 waves8", gluon=True),
@@ -211,16 +212,16 @@ def main():
     print("fp16", res["fp16"], flush=True)
     res["stream"] = skipped if "stream" in args.skip else run_isolated(stream_cell, args.docs, timeout_s=args.timeout)
     print("stream", res["stream"], flush=True)
-    res["int8"] = skipped if "int8" in args.skip else run_isolated(int8_cell, args.docs, timeout_s=args.timeout)
-    print("int8", res["int8"], flush=True)
+    for fmt in ("int8", "fp8_e4m3"):
+        res[fmt] = skipped if fmt in args.skip else run_isolated(int8_cell, args.docs, fmt, timeout_s=args.timeout)
+        print(fmt, res[fmt], flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
     base, lut = res["fp16"], res["lut"]
     print(f"\n{'pq32, ' + str(args.docs) + ' docs':34s} {'ms':>8s} {'x fp16':>7s}")
-    rows = [("pq " + k, v) for k, v in lut.items()] \
-        + [("pq " + k, v) for k, v in res["stream"].items()] + list(res["int8"].items()) \
-        + [(k, v) for k, v in base.items()]
+    rows = [("pq " + k, v) for k, v in lut.items()] + [("pq " + k, v) for k, v in res["stream"].items()] \
+        + list(res["int8"].items()) + list(res["fp8_e4m3"].items()) + [(k, v) for k, v in base.items()]
     for key, val in rows:
         timed = "ms" in key or "rows" in key or "q1" in key or "q32" in key or "BT" in key
         if isinstance(val, float) and "emulation" not in key and timed:

@@ -353,11 +353,11 @@ def residual_lut_variants():
     pq_gluon_ptrs = dict(pq_ptrs, gdoc_ptr="i32", scale_ptr="fp32")
     for qpb, bt, pairs in ((1, 128, False), (2, 128, False), (4, 64, False), (1, 128, True), (4, 64, True)):
         yield f"pq lut gluon qpb={qpb} BT {bt}{' pairs' if pairs else ''}", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=False), pq_gluon_ptrs, 4, 1
-    for qpb, bt in ((1, 128), (4, 64)):  # the same kernel on int8 tokens (maxsim/compressed/int8_gluon.py)
-        yield f"int8 gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=False, ABLATE=0, INT8=True), \
-            dict(pq_gluon_ptrs, codes_ptr="i32", scale_ptr="fp32"), 4, 1
+            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=False, FP8=False), pq_gluon_ptrs, 4, 1
+    for qpb, bt, fp8 in ((1, 128, False), (4, 64, False), (1, 128, True)):  # one-byte tokens (onebyte_gluon.py)
+        yield f"{'fp8' if fp8 else 'int8'} gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, \
+            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=False, ABLATE=0, INT8=True, FP8=fp8), \
+            dict(pq_gluon_ptrs, codes_ptr="i32", q_ptr="fp8e4nv" if fp8 else "i8"), 4, 1
 
 
 # Variants whose dot must run on Hopper's wgmma (bf16/fp16 with at least 64 query rows).
@@ -375,6 +375,7 @@ EXPECT_WGMMA = {
     "pq lut qpb=1", "pq lut qpb=2", "pq lut gluon qpb=1 BT 128",
     "pq lut gluon qpb=2 BT 128", "pq lut gluon qpb=4 BT 64", "pq lut gluon qpb=1 BT 128 pairs",
     "pq lut gluon qpb=4 BT 64 pairs", "int8 gluon qpb=1 BT 128", "int8 gluon qpb=4 BT 64",
+    "fp8 gluon qpb=1 BT 128",
 }
 
 

@@ -49,13 +49,14 @@ def _load_codes(codes_ptr, t0, t_hi, off_c, o_row, M: gl.constexpr):
 
 @gluon.jit
 def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr, ABLATE: gl.constexpr,
-                   INT8: gl.constexpr):
+                   INT8: gl.constexpr, FP8: gl.constexpr):
     """Slice k's left operand [BT, 32] int8 in the wgmma's register layout: each code's word
     (table row ``sub_row`` + code, ``sub_row`` [1, 4, 2] = (8k + l + 4b) * 256) gathered from shared
-    memory into the register that holds its 4 coordinates. INT8: b_code is that operand already."""
-    if INT8:  # the word as the register's 4 bytes (an int8 pack of 4 moves nothing)
+    memory into the register that holds its 4 coordinates. INT8: b_code is that operand already
+    (FP8: its bytes are e4m3)."""
+    if INT8:  # the word as the register's 4 bytes (a pack of 4 one-byte values moves nothing)
         d = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [gl.expand_dims(b_code, 3) + zero4],
-                                      dtype=gl.int8, is_pure=True, pack=4)
+                                      dtype=gl.float8e4nv if FP8 else gl.int8, is_pure=True, pack=4)
     else:
         idx = gl.expand_dims(sub_row + b_code.to(gl.int32), 3) + zero4  # [BT, 4, 2, 4]: the same index 4 times
         if ABLATE % 2 == 1:  # the probe's ablation: no gather (the index's low byte as the coordinates)
@@ -70,20 +71,27 @@ def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr,
 def _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
                 t0, t_hi, o_g, b_carry, carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
                 G: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr,
-                rows: gl.constexpr, PAIRS: gl.constexpr, ABLATE: gl.constexpr, INT8: gl.constexpr):
+                rows: gl.constexpr, PAIRS: gl.constexpr, ABLATE: gl.constexpr, INT8: gl.constexpr,
+                FP8: gl.constexpr):
     """Scores tile t0 (its codes or INT8 tokens c0..c3, one per slice): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
-    acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
-    acc = warpgroup_mma(_slice_operand(c0, sub0, zero4, a_op, BT, ABLATE, INT8), q_smem.index(0).permute((1, 0)),
+    if FP8:  # e4m3 products accumulate in fp32
+        acc = gl.zeros([BT, N], gl.float32, mma)
+    else:
+        acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
+    acc = warpgroup_mma(_slice_operand(c0, sub0, zero4, a_op, BT, ABLATE, INT8, FP8), q_smem.index(0).permute((1, 0)),
                         acc)
-    acc = warpgroup_mma(_slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE, INT8),
+    acc = warpgroup_mma(_slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE, INT8, FP8),
                         q_smem.index(1).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE, INT8),
+    acc = warpgroup_mma(_slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE, INT8, FP8),
                         q_smem.index(2).permute((1, 0)), acc)
-    acc = warpgroup_mma(_slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE, INT8),
+    acc = warpgroup_mma(_slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE, INT8, FP8),
                         q_smem.index(3).permute((1, 0)), acc)
-    b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
-    b_s = gl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
+    if FP8:
+        b_s = acc * b_qs[None, :]  # [BT, N]
+    else:
+        b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
+        b_s = gl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
     if INT8:  # each token's scale
         o_t = t0 + gl.arange(0, BT, gl.SliceLayout(1, mma))
         b_s = b_s * gl.load(scale_ptr + o_t, mask=o_t < t_hi, other=0.0)[:, None]
@@ -99,14 +107,15 @@ def _pq_lut_gluon_kernel(
     codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, scale_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, docs_per_program, n_runs, Nq,
     M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, PAIRS: gl.constexpr,
-    ABLATE: gl.constexpr, INT8: gl.constexpr,
+    ABLATE: gl.constexpr, INT8: gl.constexpr, FP8: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; arguments as
     ``pq_lut._pq_lut_kernel``'s, plus ``gdoc_ptr`` (each group's document, padded past the end) and
     ``doc_base`` (``cu_ptr`` may start at document doc_base of the layout). out [Nq, Nd] pre-zeroed.
     INT8: ``codes_ptr`` holds int8 tokens [Tp, 128] as [Tp, 32] int32 words in the codes' stored
     order (scales ``scale_ptr`` [Tp] fp32), each word loaded straight into its A-fragment register;
-    no table (``words_ptr`` unread)."""
+    no table (``words_ptr`` unread). FP8 (with INT8): the tokens and the query are e4m3, the products
+    accumulate in fp32."""
     N: gl.constexpr = QPB * LQ
     NG: gl.constexpr = BT // G
     NEG_INF: gl.constexpr = float("-inf")
@@ -176,11 +185,11 @@ def _pq_lut_gluon_kernel(
         n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(c0, c1, c2, c3, sub0, zero4, q_smem, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr,
                                          q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma,
-                                         a_op, strips, cols, rows, PAIRS, ABLATE, INT8)
+                                         a_op, strips, cols, rows, PAIRS, ABLATE, INT8, FP8)
         c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
         b_carry, carry_doc = _score_tile(n0, n1, n2, n3, sub0, zero4, q_smem, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr,
                                          q0, Nq, Nd, doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G,
-                                         mma, a_op, strips, cols, rows, PAIRS, ABLATE, INT8)
+                                         mma, a_op, strips, cols, rows, PAIRS, ABLATE, INT8, FP8)
     if ABLATE >= 2:  # keeps the ablated walk's work alive
         o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
         gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
@@ -214,6 +223,6 @@ def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int 
     _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
         layout.codes, cu, q8, qs, layout.words, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs,
         Nq, M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
-        INT8=False,
+        INT8=False, FP8=False,
         num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out

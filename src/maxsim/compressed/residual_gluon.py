@@ -68,11 +68,11 @@ def rows_layout(QPB, LQ):
 
 @gluon.jit
 def query_slices(q_ptr, q0, LQ: gl.constexpr, N: gl.constexpr):
-    """The quantised queries q0.. (N rows of q_ptr's [*, LQ, 128] int8) as four K-major slices in
-    shared memory, [4, N, 32] int8: the wgmma's right operand."""
+    """The quantised queries q0.. (N rows of q_ptr's [*, LQ, 128], one byte a coordinate: int8 or
+    e4m3) as four K-major slices in shared memory, [4, N, 32]: the wgmma's right operand."""
     q_blk: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # [N, 32] slice loads
     q_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
-    q_smem = gl.allocate_shared_memory(gl.int8, [4, N, 32], q_sl)
+    q_smem = gl.allocate_shared_memory(q_ptr.dtype.element_ty, [4, N, 32], q_sl)
     o_qr = gl.arange(0, N, gl.SliceLayout(1, q_blk))
     o_qc = gl.arange(0, 32, gl.SliceLayout(0, q_blk))
     p_q = q_ptr + (q0.to(gl.int64) * LQ + o_qr)[:, None] * 128 + o_qc[None, :]
