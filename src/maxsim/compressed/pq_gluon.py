@@ -18,6 +18,9 @@ Gluon has no shared-memory gather, so the gather is one ``ld.shared`` in inline 
 the kernel's shared-memory base, where the table is the first and largest allocation. The kernel
 checks that on entry (every thread reads its part of the table back through the same PTX) and
 returns NaN scores, never wrong ones, if a compiler ever places it elsewhere.
+
+With ``INT8`` the same kernel scores one-byte tokens (:mod:`maxsim.compressed.onebyte_gluon`): the
+word a thread loads is the token's own 4 coordinates (int8, or e4m3 with ``FP8``), no table.
 """
 
 from __future__ import annotations
