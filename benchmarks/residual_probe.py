@@ -227,7 +227,8 @@ def main():
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [
-        dict(label="gluon BT64", gluon=True), dict(label="BT128 w4 waves8", waves=8),
+        dict(label="gluon BT64", gluon=True), dict(label="gluon BT64 pairs", gluon=True, pairs=True),
+        dict(label="BT128 w4 waves8", waves=8),
     ]
     if args.sweep:  # the Gluon scorer's knobs
         variants += [dict(label="gluon BT64 fp32 table", gluon=True, table="fp32"),
@@ -243,7 +244,8 @@ def main():
         ]
     variants += [dict(label="q32 qpb2", queries=32, qpb=2), dict(label="q32 gluon qpb1", queries=32, gluon=True),
                  dict(label="q32 gluon qpb2", queries=32, gluon=True, qpb=2),
-                 dict(label="q32 gluon qpb4", queries=32, gluon=True, qpb=4)]
+                 dict(label="q32 gluon qpb4", queries=32, gluon=True, qpb=4),
+                 dict(label="q32 gluon qpb4 pairs", queries=32, gluon=True, qpb=4, pairs=True)]
     if args.profile:  # one launch under ncu: the default tile, 2 bits
         from maxsim.compressed.residual_lut import build_layout, lut_scores
 

@@ -117,7 +117,7 @@ def _residual_lut_gluon_kernel(
     codes_ptr, cid_ptr, inv_ptr, cu_ptr, q_ptr, qs_ptr, tab_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, num_centroids, docs_per_program, n_runs,
     Nq, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
-    ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
+    ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, PAIRS: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; out [Nq, Nd]
     fp32 (pre-zeroed: empty documents keep 0). Arguments as ``residual_lut._residual_lut_kernel``'s
@@ -129,7 +129,10 @@ def _residual_lut_gluon_kernel(
     NEG_INF: gl.constexpr = float("-inf")
     mma: gl.constexpr = mma_layout(N)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    strips: gl.constexpr = strips_layout(G)
+    if PAIRS:
+        strips: gl.constexpr = pair_strips_layout(G)
+    else:
+        strips: gl.constexpr = strips_layout(G)
     cols: gl.constexpr = cols_layout(NG)
     rows: gl.constexpr = rows_layout(QPB, LQ)
     # The register operand's layout written out (PTX wgmma, 8-bit A: a0 = row lane/4 + 16 warp, bytes
@@ -172,18 +175,18 @@ def _residual_lut_gluon_kernel(
         n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ)
         b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          doc_base, t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2, ASM3,
-                                         mma, a_op, strips, cols, rows)
+                                         mma, a_op, strips, cols, rows, PAIRS)
         w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ)
         b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2,
-                                         ASM3, mma, a_op, strips, cols, rows)
+                                         ASM3, mma, a_op, strips, cols, rows, PAIRS)
 
 
 @gluon.jit
 def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry,
                 carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
                 G: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
-                a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr):
+                a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr, PAIRS: gl.constexpr):
     """Scores tile t0 (its code words w0 / w1, table rows, inverse norms): :func:`document_maxima`."""
     N: gl.constexpr = QPB * LQ
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
@@ -199,7 +202,7 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
     b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]  # [BT, N]
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
-                           LQ, QPB, BT, G, strips, cols, rows, False)
+                           LQ, QPB, BT, G, strips, cols, rows, PAIRS)
 
 
 @gluon.jit
@@ -268,9 +271,10 @@ def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
 
 
 def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, qpb: int = 1, docs=None):
+                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False):
     """:func:`maxsim.compressed.residual_lut.lut_scores` through the Gluon kernel: Q ``[Nq, Lq <=
-    32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all)."""
+    32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all);
+    ``pairs``: the row-pair epilogue (:func:`document_maxima`; the probe's, until measured)."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
     from maxsim.tuning import multiprocessors
 
@@ -293,5 +297,5 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
         layout.codes, layout.cid, layout.inv_norm, layout.cu[lo:hi + 1], q8, qs, tab, layout.group_doc, out,
         Nd, lo, centroids.shape[0], docs_per_program, n_runs,
         Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
-        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], num_warps=4, num_stages=num_stages)
+        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], PAIRS=pairs, num_warps=4, num_stages=num_stages)
     return out
