@@ -41,6 +41,7 @@ from maxsim.compressed.residual_lut import _residual_lut_kernel, decoder_asm
 from maxsim.compressed.residual_gluon import _residual_lut_gluon_kernel
 from maxsim.compressed.pq_lut import _pq_lut_kernel
 from maxsim.compressed.pq_gluon import _pq_lut_gluon_kernel
+from maxsim.compressed.pq_encode import _pq_encode_kernel
 from maxsim.chamfer.backward import _chamfer_bwd_atomic_kernel, _chamfer_bwd_owned_kernel
 from maxsim.chamfer.forward import _chamfer_fwd_kernel
 from maxsim.head.forward import _head_fwd_kernel
@@ -356,6 +357,9 @@ def residual_lut_variants():
     for qpb, bt, pairs in ((1, 128, False), (2, 128, False), (4, 64, False), (1, 128, True), (4, 64, True)):
         yield f"pq lut gluon qpb={qpb} BT {bt}{' pairs' if pairs else ''}", _pq_lut_gluon_kernel, \
             dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=False, FP8=False), pq_gluon_ptrs, 4, 1
+    for m, s in ((32, 4), (16, 8)):  # PQ encoding on the GPU (maxsim/compressed/pq_encode.py)
+        yield f"pq encode m={m}", _pq_encode_kernel, dict(M=m, S=s, BT=32), \
+            dict(x_ptr="fp16", cb_ptr="fp32", out_ptr="u8"), 4, 1
     for qpb, bt, fp8 in ((1, 128, False), (4, 64, False), (1, 128, True)):  # one-byte tokens (onebyte_gluon.py)
         yield f"{'fp8' if fp8 else 'int8'} gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, \
             dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=False, ABLATE=0, INT8=True, FP8=fp8), \
