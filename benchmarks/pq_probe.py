@@ -141,7 +141,7 @@ def fp16_cell(docs: int) -> dict:
     return out
 
 
-def int8_cell(docs: int, fmt: str = "int8") -> dict:
+def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
     """int8 (or fp8_e4m3) tokens (random unit vectors, quantised a token) through the Gluon one-byte
     scorer and the stream kernel (the quantised-query path Corpus.search takes today)."""
     from maxsim.compressed.onebyte_gluon import build_layout, onebyte_emulation, onebyte_scores
@@ -213,7 +213,7 @@ def main():
     res["stream"] = skipped if "stream" in args.skip else run_isolated(stream_cell, args.docs, timeout_s=args.timeout)
     print("stream", res["stream"], flush=True)
     for fmt in ("int8", "fp8_e4m3"):
-        res[fmt] = skipped if fmt in args.skip else run_isolated(int8_cell, args.docs, fmt, timeout_s=args.timeout)
+        res[fmt] = skipped if fmt in args.skip else run_isolated(onebyte_cell, args.docs, fmt, timeout_s=args.timeout)
         print(fmt, res[fmt], flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -26,8 +26,7 @@ import torch
 
 from maxsim.compressed.pq_lut import code_order
 from maxsim.compressed.quantized import quantize_tokens
-from maxsim.compressed.residual_lut import (document_range, group_documents, padded_offsets, padded_source,
-                                           quantized_rows, round22, run_grid)
+from maxsim.compressed.residual_lut import group_documents, padded_chunks, padded_offsets, quantized_rows, round22
 
 DIM = 128  # the kernel's width: 4 slices of 32 coordinates, 32 words a token
 
@@ -64,11 +63,9 @@ def build_layout(values: torch.Tensor, scales: torch.Tensor, cu: torch.Tensor, *
     words = values.contiguous().view(torch.int32)  # [T, 32]: 4 coordinates a word, the first in the low byte
     out_words = torch.empty(total, DIM // 4, dtype=torch.int32, device=device)
     out_scales = torch.empty(total, dtype=torch.float32, device=device)
-    for start in range(0, total, chunk):  # temporaries of one chunk, whatever the corpus's size
-        stop = min(total, start + chunk)
-        source = padded_source(cu, cu_p, start, stop)
-        out_words[start:stop] = words[source][:, order]
-        out_scales[start:stop] = scales[source].float()
+    for rows, src in padded_chunks(cu, cu_p, chunk):  # temporaries of one chunk, whatever the corpus's size
+        out_words[rows] = words[src][:, order]
+        out_scales[rows] = scales[src].float()
     return OneByteLayout(out_words, out_scales, cu_p, group, order, group_documents(cu_p, group),
                          values.dtype == torch.float8_e4m3fn)
 
@@ -92,23 +89,11 @@ def onebyte_scores(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, block
                    qpb: int = 1, docs=None, maxnreg: int | None = None) -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of queries ``Q [Nq, Lq <= 32, 128]`` against a :class:`OneByteLayout`
     on a Hopper GPU (``docs``: ``(lo, hi)``, only documents lo..hi-1)."""
-    from maxsim.compressed.pq_gluon import _pq_lut_gluon_kernel
+    from maxsim.compressed.pq_gluon import run_kernel
 
-    if Q.shape[1] > 32:
-        raise ValueError(f"the one-byte scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
-    Nq = Q.shape[0]
-    cu, out = document_range(layout, Nq, docs, Q.device)
-    Nd = out.shape[1]
-    if Nq == 0 or Nd == 0:
-        return out
-    lo = 0 if docs is None else docs[0]
-    q8, qs, LQ = quantized_queries(Q, layout, q_mask=q_mask, qpb=qpb)
-    docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
-    _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
-        layout.words, cu, q8, qs, layout.words, layout.scales, layout.group_doc, out, Nd, lo, docs_per_program,
-        n_runs, Nq, M=DIM // 4, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=False, ABLATE=0, INT8=True,
-        FP8=layout.fp8, num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
-    return out
+    return run_kernel(Q, layout, lambda: quantized_queries(Q, layout, q_mask=q_mask, qpb=qpb), layout.words,
+                      layout.words, layout.scales, docs=docs, block_tokens=block_tokens, waves=waves, qpb=qpb,
+                      maxnreg=maxnreg, int8=True, fp8=layout.fp8)
 
 
 def onebyte_emulation(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None) -> torch.Tensor:

@@ -25,12 +25,13 @@ word a thread loads is the token's own 4 coordinates (int8, or e4m3 with ``FP8``
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 from maxsim.compressed.residual_gluon import (MAGIC, MAGIC_BITS, cols_layout, document_maxima, mma_layout,
-                                              pair_strips_layout, query_slices, rows_layout, strips_layout)
+                                              query_slices, rows_layout, strips_layout)
 
 TABLE_WORDS = gl.constexpr(32 * 256)  # m 32 sub-spaces of 256 codes, one 32-bit word each
 # The table's word $1 into $0 (the table sits at the base of shared memory). As an int8 pack of 4,
@@ -124,10 +125,7 @@ def _pq_lut_gluon_kernel(
     NEG_INF: gl.constexpr = float("-inf")
     mma: gl.constexpr = mma_layout(N)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    if PAIRS:
-        strips: gl.constexpr = pair_strips_layout(G)
-    else:
-        strips: gl.constexpr = strips_layout(G)
+    strips: gl.constexpr = strips_layout(G, PAIRS)
     cols: gl.constexpr = cols_layout(NG)
     rows: gl.constexpr = rows_layout(QPB, LQ)
     # [BT, 4 (l), 2 (b), 4 (byte)]: the wgmma's 8-bit A fragment (PTX: row lane / 4 + 8 i + 16 warp,
@@ -200,32 +198,43 @@ def _pq_lut_gluon_kernel(
         tab._keep_alive()  # the gathers read it behind the compiler's back: no other buffer may take its place
 
 
+def run_kernel(Q, layout, quantize, codes, words, scales, *, docs=None, block_tokens: int = 128, waves: int = 8,
+               qpb: int = 1, maxnreg: int | None = None, pairs: bool = False, ablate: int = 0, int8: bool = False,
+               fp8: bool = False) -> torch.Tensor:
+    """Scores ``[Nq, Nd]`` fp32 of Q ``[Nq, Lq <= 32, 128]`` against a padded layout (``cu``,
+    ``group``, ``group_doc``; ``docs``: ``(lo, hi)`` or None, all) through :func:`_pq_lut_gluon_kernel`:
+    ``quantize()`` gives the queries (q~ ``[Nq_pad, 32, 128]``, u ``[Nq_pad, 32]``, 32), ``codes``,
+    ``words`` and ``scales`` the kernel's tensors (those a mode does not read: any tensor)."""
+    from maxsim.compressed.residual_lut import document_range, run_grid
+
+    if Q.shape[1] > 32:
+        raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
+    Nq = Q.shape[0]
+    cu, out = document_range(layout, Nq, docs, Q.device)
+    Nd = out.shape[1]
+    if Nq == 0 or Nd == 0:
+        return out
+    q8, qs, LQ = quantize()
+    docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
+    _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
+        codes, cu, q8, qs, words, scales, layout.group_doc, out, Nd, 0 if docs is None else docs[0], docs_per_program,
+        n_runs, Nq, M=codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
+        INT8=int8, FP8=fp8, num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
+    return out
+
+
 def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None,
                  maxnreg: int | None = None, pairs: bool = False, ablate: int = 0):
     """:func:`maxsim.compressed.pq_lut.pq_lut_scores` through the Gluon kernel: Q ``[Nq, Lq <= 32,
     128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout`; ``maxnreg``
     caps the registers a thread (more programs an SM); ``pairs``: each row pair's max before the
     tile goes through shared memory (half the bytes), two fewer conversions (the probe's, until
-    measured). ``ablate``
-    (the probe's, meaningless scores): 1 no gather, 2 no document maxima, 3 neither."""
+    measured). ``ablate`` (the probe's, meaningless scores): 1 no gather, 2 no document maxima,
+    3 neither."""
+    from maxsim.compressed.pq_lut import prepare_queries
+
     if ablate not in (0, 1, 2, 3):
         raise ValueError(f"ablate must be 0 to 3, got {ablate!r}")
-    from maxsim.compressed.pq_lut import prepare_queries
-    from maxsim.compressed.residual_lut import document_range, run_grid
-
-    if Q.shape[1] > 32:
-        raise ValueError(f"the Gluon PQ scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
-    Nq = Q.shape[0]
-    cu, out = document_range(layout, Nq, docs, Q.device)
-    Nd = out.shape[1]
-    if Nq == 0 or Nd == 0:
-        return out
-    lo = 0 if docs is None else docs[0]
-    q8, qs, LQ = prepare_queries(Q, layout, q_mask=q_mask, qpb=qpb, rows=32)
-    docs_per_program, n_runs = run_grid(Nd, waves, Q.device)
-    _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
-        layout.codes, cu, q8, qs, layout.words, layout.words, layout.group_doc, out, Nd, lo, docs_per_program, n_runs,
-        Nq, M=layout.codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
-        INT8=False, FP8=False,
-        num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
-    return out
+    return run_kernel(Q, layout, lambda: prepare_queries(Q, layout, q_mask=q_mask, qpb=qpb, rows=32), layout.codes,
+                      layout.words, layout.words, docs=docs, block_tokens=block_tokens, waves=waves, qpb=qpb,
+                      maxnreg=maxnreg, pairs=pairs, ablate=ablate)

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from maxsim.compressed.residual_lut import (MAGIC_BITS, document_range, group_documents, padded_offsets,
-                                           padded_source,
+from maxsim.compressed.residual_lut import (MAGIC_BITS, document_range, group_documents, padded_chunks,
+                                           padded_offsets,
                                            quantized_rows, query_rows, round22, run_grid, run_start, segment_max)
 
 SUB_DIM = 4  # dimensions per code: one 32-bit word of int8 coordinates
@@ -199,9 +199,8 @@ def build_layout(pq, codes: torch.Tensor, cu: torch.Tensor, *, group: int = 16, 
     total = int(cu_p[-1])
     order = code_order(codes.shape[1]).to(device)
     out = torch.empty(total, codes.shape[1], dtype=torch.uint8, device=device)
-    for start in range(0, total, chunk):  # temporaries of one chunk, whatever the corpus's size
-        stop = min(total, start + chunk)
-        out[start:stop] = codes[padded_source(cu, cu_p, start, stop)][:, order]
+    for rows, src in padded_chunks(cu, cu_p, chunk):  # temporaries of one chunk, whatever the corpus's size
+        out[rows] = codes[src][:, order]
     words, scales = quantized_codebooks(pq.codebooks_on(device))
     return PQLutLayout(out, cu_p, words, scales, group, order, group_documents(cu_p, group))
 

@@ -43,15 +43,12 @@ def mma_layout(N):
 
 
 @gluon.constexpr_function
-def strips_layout(G):
-    """[BT, N]: G consecutive tokens of one column a thread (each group's max in-thread)."""
+def strips_layout(G, pairs):
+    """Where each group's max is taken in-thread (:func:`document_maxima`): [BT, N], G consecutive
+    tokens of one column a thread; with ``pairs``, [NG, G / 2, N], a group's G / 2 row-pair maxima."""
+    if pairs:
+        return gl.BlockedLayout([1, G // 2, 1], [1, 1, 32], [4, 1, 1], [1, 2, 0])
     return gl.BlockedLayout([G, 1], [1, 32], [4, 1], [0, 1])
-
-
-@gluon.constexpr_function
-def pair_strips_layout(G):
-    """[NG, G / 2, N]: each group's G / 2 row-pair maxima of one column in a thread."""
-    return gl.BlockedLayout([1, G // 2, 1], [1, 1, 32], [4, 1, 1], [1, 2, 0])
 
 
 @gluon.constexpr_function
@@ -129,10 +126,7 @@ def _residual_lut_gluon_kernel(
     NEG_INF: gl.constexpr = float("-inf")
     mma: gl.constexpr = mma_layout(N)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    if PAIRS:
-        strips: gl.constexpr = pair_strips_layout(G)
-    else:
-        strips: gl.constexpr = strips_layout(G)
+    strips: gl.constexpr = strips_layout(G, PAIRS)
     cols: gl.constexpr = cols_layout(NG)
     rows: gl.constexpr = rows_layout(QPB, LQ)
     # The register operand's layout written out (PTX wgmma, 8-bit A: a0 = row lane/4 + 16 warp, bytes
@@ -225,7 +219,7 @@ def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
     document (-3: none). Groups of G tokens never straddle documents; ``gdoc_ptr`` the document of
     each group (the layout pads past its end). PAIRS: b_s is in the MMA layout, where rows r and
     r + 8 of a group share a thread: their max first, then half the tile through shared memory into
-    ``strips`` (:func:`pair_strips_layout`); and the groups' documents are loaded twice rather than
+    ``strips`` (:func:`strips_layout` with pairs); and the groups' documents are loaded twice rather than
     converted."""
     NG: gl.constexpr = BT // G
     N: gl.constexpr = QPB * LQ

@@ -329,14 +329,17 @@ def padded_offsets(cu: torch.Tensor, group: int) -> torch.Tensor:
     return cu_p
 
 
-def padded_source(cu: torch.Tensor, cu_p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """source ``[stop - start]`` int64: the token each padded row ``start:stop`` reads (a
-    document's padding rows read its last token). A chunk at a time, so a layout of any size is
-    built with temporaries of one chunk."""
-    rows = torch.arange(start, stop, device=cu_p.device)
-    doc = torch.searchsorted(cu_p, rows, right=True) - 1  # [n]: padded rows lie in non-empty documents
-    last = cu[doc + 1] - 1
-    return torch.minimum(cu[doc] + (rows - cu_p[doc]), last)
+def padded_chunks(cu: torch.Tensor, cu_p: torch.Tensor, chunk: int):
+    """Yields ``(rows, source)`` for each run of at most ``chunk`` rows of a padded layout
+    (offsets ``cu_p`` of documents ``cu``): ``rows`` a slice of the layout, ``source [n]`` int64 the
+    token each row reads (a document's padding rows read its last token). So a layout of any size
+    is built with temporaries of one chunk."""
+    total = int(cu_p[-1])
+    for start in range(0, total, chunk):
+        stop = min(total, start + chunk)
+        rows = torch.arange(start, stop, device=cu_p.device)
+        doc = torch.searchsorted(cu_p, rows, right=True) - 1  # [n]: padded rows lie in non-empty documents
+        yield slice(start, stop), torch.minimum(cu[doc] + (rows - cu_p[doc]), cu[doc + 1] - 1)
 
 
 def build_bytes(codec, num_tokens: int, num_docs: int, *, group: int = 16, chunk: int = 1 << 20) -> int:
@@ -346,7 +349,7 @@ def build_bytes(codec, num_tokens: int, num_docs: int, *, group: int = 16, chunk
     padded = num_tokens + num_docs * (group - 1) + TAIL_TOKENS
     layout = padded * (codec.packed_dim + 4 + 4)
     offsets = num_docs * 8 * 2  # the padded offsets, and their lengths' temporary
-    scratch = min(chunk, padded) * (16 * codec.packed_dim + 24 * codec.dim + 5 * 8)  # + padded_source's rows
+    scratch = min(chunk, padded) * (16 * codec.packed_dim + 24 * codec.dim + 5 * 8)  # + padded_chunks' rows
     return layout + offsets + scratch
 
 
@@ -368,15 +371,13 @@ def build_layout(codec, codes: torch.Tensor, residuals: torch.Tensor, cu: torch.
     out_cid = torch.zeros(total + TAIL_TOKENS, dtype=torch.int32, device=device)
     out_inv = torch.zeros(total + TAIL_TOKENS, dtype=torch.float32, device=device)
     table = codec._table(device)
-    for start in range(0, total, chunk):
-        stop = min(total, start + chunk)
-        src = padded_source(cu, cu_p, start, stop)
+    for rows, src in padded_chunks(cu, cu_p, chunk):
         c, r = codes[src].to(device), residuals[src]
         buckets = table[r.long()].reshape(r.shape[0], codec.dim)  # [n, d]
-        out_codes[start:stop] = kernel_layout(buckets, codec.nbits)
-        out_cid[start:stop] = c.to(torch.int32)
+        out_codes[rows] = kernel_layout(buckets, codec.nbits)
+        out_cid[rows] = c.to(torch.int32)
         x = codec.decode(c, r, normalize=False, dtype=torch.float32).to(device)  # [n, d]
-        out_inv[start:stop] = 1.0 / x.norm(dim=-1).clamp_min(1e-12)
+        out_inv[rows] = 1.0 / x.norm(dim=-1).clamp_min(1e-12)
     lut, scale = quantized_weights(codec.bucket_weights)
     return LutLayout(out_codes, out_cid, out_inv, cu_p, codec.nbits, lut, scale, group)
 

@@ -76,11 +76,19 @@ def _lookup(nq, lq, d, nbits, dtype, masked, normalize, needs_grad, family):
         common = f"expands {' or '.join(map(str, specs.LOOKUP_NBITS))}-bit codes, not {nbits}-bit"
     elif not normalize:
         common = "scores the normalised decode (its stored norms), not normalize=False"
+    return _first_lookup(((specs.LOOKUP_GLUON, T.LOOKUP_GLUON_SM90, 32),
+                          (specs.LOOKUP_TRITON, T.LOOKUP_TRITON_SM90, None)), call, common, lq, nq, family)
+
+
+def _first_lookup(candidates, call, common, lq: int, nq: int, family: str):
+    """(the first of ``candidates`` ``(spec, table, rows)`` that runs ``call`` and queries of ``lq``
+    rows (``rows``: the most a query it holds, None: any), or None; why each earlier one was not
+    taken). ``common``: why none of them can run, or None."""
     rejected = []
-    for spec, table in ((specs.LOOKUP_GLUON, T.LOOKUP_GLUON_SM90), (specs.LOOKUP_TRITON, T.LOOKUP_TRITON_SM90)):
+    for spec, table, rows in candidates:
         why = common or spec.unsupported(call)
-        if why is None and spec is specs.LOOKUP_GLUON and lq > 32:
-            why = f"holds 32 query rows a query (N = 32 a query in the wgmma), not {lq}"
+        if why is None and rows is not None and lq > rows:
+            why = f"holds {rows} query rows a query (N = {rows} a query in the wgmma), not {lq}"
         if why is not None:
             rejected.append((spec.name, why))
             continue
@@ -110,19 +118,9 @@ def pq_lookup_choice(Nq: int, Lq: int, d: int, sub_dim: int, dtype: torch.dtype,
 @functools.lru_cache(maxsize=512)
 def _pq_lookup(nq, lq, d, sub_dim, dtype, masked, needs_grad, family):
     call = call_of(dtype, d, "packed", masked, False, needs_grad, family)
-    rejected = []
-    for spec, table in ((specs.PQ_LOOKUP_GLUON, T.PQ_LOOKUP_GLUON_SM90), (specs.PQ_LOOKUP, T.PQ_LOOKUP_SM90)):
-        why = spec.unsupported(call)
-        if why is None and sub_dim != 4:
-            why = f"gathers 4 dimensions a code (one 32-bit word), not {sub_dim}"
-        if why is None and spec is specs.PQ_LOOKUP_GLUON and lq > 32:
-            why = f"holds 32 query rows a query (N = 32 a query in the wgmma), not {lq}"
-        if why is not None:
-            rejected.append((spec.name, why))
-            continue
-        return _lookup_tile(spec, table, nq, family, tuple(rejected)), tuple(rejected)
-    return None, tuple(rejected)
-
+    common = None if sub_dim == 4 else f"gathers 4 dimensions a code (one 32-bit word), not {sub_dim}"
+    return _first_lookup(((specs.PQ_LOOKUP_GLUON, T.PQ_LOOKUP_GLUON_SM90, 32),
+                          (specs.PQ_LOOKUP, T.PQ_LOOKUP_SM90, None)), call, common, lq, nq, family)
 
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
                      decode_dtype=None, requires_grad: bool = False, gpu: str | None = None,
