@@ -67,6 +67,9 @@ def run_isolated(fn, *args, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs) -> d
         try:
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            if hasattr(signal, "SIGUSR1"):  # the child's stacks on stderr first: where it was stuck
+                proc.send_signal(signal.SIGUSR1)
+                pump.join(timeout=3)
             _kill_session(proc)
             return {"status": "timeout", "error": f"no result within {timeout_s:g} s"}
         except BaseException:  # Ctrl-C reaches only us (the child has its own session): take it down
@@ -146,6 +149,8 @@ def _load(file: str, module: str, qualname: str):
 
 def _child(spec_path: str) -> None:
     faulthandler.enable()  # a segfault or an abort still leaves its reason on stderr
+    if hasattr(signal, "SIGUSR1"):  # a timeout asks for the stacks before the kill
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(Path(spec_path).read_text())
     sys.path[:] = [os.path.dirname(spec["file"]), *spec["sys_path"]]
     try:

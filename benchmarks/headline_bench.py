@@ -274,6 +274,11 @@ def truth_cell(num_docs: int, options: dict, folder: str) -> dict:
                 torch=torch.__version__)
 
 
+def _stage(encoding: str, what: str, since: float) -> None:
+    """One progress line on stderr (a cell that times out then says how far it got)."""
+    print(f"  [{encoding}] {what}: {time.perf_counter() - since:.1f} s", file=sys.stderr, flush=True)
+
+
 def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> dict:
     """Build a Corpus of ``encoding`` slice by slice, time its search, check its recall."""
     import maxsim
@@ -295,6 +300,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
                               f"{free / 1e9:.0f} GB free; ~{fits / 1e6:.1f}M passages would)")
     refine_encoding = options.get("refine") if encoding.startswith(("residual", "pq")) else None
     corpus, build_s, generate_s, refine_slices, refine_s = None, 0.0, 0.0, [], 0.0
+    t_cell = time.perf_counter()
     previous = torch.get_float32_matmul_precision()
     t_gen = time.perf_counter()
     for first, tokens, offsets in gen.slices(slice_docs):
@@ -319,6 +325,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
             refine_s += time.perf_counter() - t1
         del tokens
         t_gen = time.perf_counter()
+    _stage(encoding, f"built (codes {build_s:.1f} s, refine tokens {refine_s:.1f} s)", t_cell)
     queries, _ = gen.queries()
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's: the generator is not deterministic")
@@ -340,20 +347,28 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     search(Q[:1])  # the first search (a residual corpus builds its look-up layout here)
     _sync(device)
     row["first_search_s"] = time.perf_counter() - t_first
+    _stage(encoding, "first search", t_cell)
     row.update(_search_rows(search, Q, truth["exact_ids"], options, device))
+    _stage(encoding, "searched", t_cell)
     if device.type == "cuda":
         row["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     if refine_slices:
         full = refine_slices[0]
-        for more in refine_slices[1:]:
-            full.append(more)
+        for more in refine_slices[1:]:  # each slice's ids follow on from the slices before it
+            full.append(more, ids=np.arange(len(full), len(full) + len(more)))
+        _stage(encoding, "refine tokens joined", t_cell)
         row["refine"] = dict(encoding=refine_encoding, host_gb=full.num_tokens * full.bytes_per_token / 1e9,
                              build_s=refine_s, factors={})
         for factor in options["refine_factors"]:
             def refined(q, factor=factor):
                 return corpus.search(q, K, progress=False, refine=full, refine_factor=factor).indices
 
+            t_first = time.perf_counter()
+            refined(Q[:1])
+            _sync(device)
+            _stage(encoding, f"first refined search x {factor} ({time.perf_counter() - t_first:.2f} s)", t_cell)
             row["refine"]["factors"][str(factor)] = _search_rows(refined, Q, truth["exact_ids"], options, device)
+            _stage(encoding, f"refined x {factor}", t_cell)
     return row
 
 
@@ -373,6 +388,7 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
     tokens = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, d] fp16 on the device
     offsets = np.concatenate(offsets)  # [N + 1] int64 from 0
     del pieces
+    _stage(encoding, f"built (codes {build_s:.1f} s, refine tokens {refine_s:.1f} s)", t_cell)
     queries, _ = gen.queries()
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's")

@@ -168,7 +168,12 @@ def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
     for label, Q, kw in ((f"{fmt} gluon BT128 waves8", Q1, {}), (f"{fmt} gluon BT64 waves8", Q1, dict(block_tokens=64)),
                          (f"{fmt} gluon BT64 waves16", Q1, dict(block_tokens=64, waves=16)),
                          (f"q32 {fmt} gluon qpb4 BT64", Q32, dict(qpb=4, block_tokens=64)),
-                         (f"q32 {fmt} gluon qpb2 BT64", Q32, dict(qpb=2, block_tokens=64))):
+                         (f"q32 {fmt} gluon qpb2 BT64", Q32, dict(qpb=2, block_tokens=64)),
+                         (f"{fmt} gluon pairs BT128 waves8 maxnreg128", Q1, dict(pairs=True, maxnreg=128)),
+                         (f"{fmt} gluon pairs BT128 waves8", Q1, dict(pairs=True)),
+                         (f"{fmt} gluon pairs BT64 waves16", Q1, dict(pairs=True, block_tokens=64, waves=16)),
+                         (f"q32 {fmt} gluon pairs qpb4 BT64 maxnreg168", Q32,
+                          dict(pairs=True, qpb=4, block_tokens=64, maxnreg=168))):
         out[label] = median_ms(lambda: onebyte_scores(Q, layout, **kw))
         print(f"  {label:34s} {out[label]:.3f}", flush=True)
     for nq, Q in ((1, Q1), (32, Q32)):

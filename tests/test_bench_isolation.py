@@ -71,13 +71,15 @@ def test_an_exception_is_an_error_row_with_its_first_line():
     assert after["status"] == "ok" and after["value"] == 6
 
 
-def test_a_hanging_provider_times_out_and_is_killed_with_what_it_started(tmp_path):
+def test_a_hanging_provider_times_out_and_is_killed_with_what_it_started(tmp_path, capfd):
     pid_file = tmp_path / "pids"
     row, after = run_providers([(hangs, (str(pid_file),), HANG_TIMEOUT_S), (doubles, (4,), TIMEOUT_S)])
     assert row == {"status": "timeout", "error": f"no result within {HANG_TIMEOUT_S:g} s"}
     assert after["status"] == "ok" and after["value"] == 8
-    for pid in map(int, pid_file.read_text().split()):
+    for pid in map(int, pid_file.read_text().split()):  # (the file says the child reached hangs())
         assert _gone(pid), f"process {pid} outlived the timeout"
+    # before the kill, the child printed where it was stuck: its stack, down to hangs()'s sleep
+    assert 'in hangs' in capfd.readouterr().err
 
 
 def test_only_module_level_functions_can_cross():

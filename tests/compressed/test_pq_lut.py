@@ -122,7 +122,8 @@ needs_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.
 
 @needs_hopper
 @pytest.mark.parametrize("block,qpb,maxnreg,pairs", [(128, 1, None, False), (128, 2, None, False), (64, 1, None, False),
-                                                     (64, 4, 168, False), (128, 1, None, True), (64, 4, None, True)])
+                                                     (64, 4, 168, False), (128, 1, None, True), (64, 4, None, True),
+                                                     (128, 1, 128, True), (64, 4, 168, True)])
 def test_gluon_scores_match_the_emulation(block, qpb, maxnreg, pairs):
     from maxsim.compressed.pq_gluon import gluon_scores
 

@@ -228,8 +228,8 @@ def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int 
     """:func:`maxsim.compressed.pq_lut.pq_lut_scores` through the Gluon kernel: Q ``[Nq, Lq <= 32,
     128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout`; ``maxnreg``
     caps the registers a thread (more programs an SM); ``pairs``: each row pair's max before the
-    tile goes through shared memory (half the bytes), two fewer conversions (the probe's, until
-    measured). ``ablate`` (the probe's, meaningless scores): 1 no gather, 2 no document maxima,
+    tile goes through shared memory (half the bytes), two fewer conversions (the sm90 table's
+    choice). ``ablate`` (the probe's, meaningless scores): 1 no gather, 2 no document maxima,
     3 neither."""
     from maxsim.compressed.pq_lut import prepare_queries
 

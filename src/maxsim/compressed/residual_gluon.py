@@ -268,7 +268,8 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
                  table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False):
     """:func:`maxsim.compressed.residual_lut.lut_scores` through the Gluon kernel: Q ``[Nq, Lq <=
     32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all);
-    ``pairs``: the row-pair epilogue (:func:`document_maxima`; the probe's, until measured)."""
+    ``pairs``: the row-pair epilogue (:func:`document_maxima`; the sm90 table's choice from four
+    queries a program)."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
     from maxsim.tuning import multiprocessors
 

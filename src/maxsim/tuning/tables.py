@@ -329,11 +329,12 @@ COMPRESSED_TILE_ELEMENTS = 8192
 # The look-up residual scorer (maxsim.compressed.residual_lut / residual_gluon). rows: the batch's
 # stacked query rows (queries x 32). qpb: queries a program (the MMA's N = 32 qpb); BT: tokens a
 # tile; waves: programs an SM. Gluon for queries of up to 32 tokens on Hopper, Triton otherwise.
-_LOOKUP_RECORD = "BENCHMARKS.md, PLAID residual codes on the int8 tensor cores (benchmarks/residual_probe.py, 2026-12-05)"
+_LOOKUP_RECORD = "BENCHMARKS.md, PLAID residual codes on the int8 tensor cores (benchmarks/residual_probe.py, 2026-12-06)"
 LOOKUP_GLUON_SM90 = (
     Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=64, waves=8), _LOOKUP_RECORD),
     Rule("two or three queries", When(rows=(33, 96)), _T(qpb=2, BT=64, waves=8), _LOOKUP_RECORD),
-    Rule("four queries or more (N 128)", When(), _T(qpb=4, BT=64, waves=8), _LOOKUP_RECORD),
+    Rule("four queries or more (N 128; row pairs reduced before the tile's maxima)", When(),
+         _T(qpb=4, BT=64, waves=8, pairs=True), _LOOKUP_RECORD),
 )
 LOOKUP_TRITON_SM90 = (
     Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, num_warps=4, num_stages=3, waves=8), _LOOKUP_RECORD),
@@ -343,10 +344,11 @@ LOOKUP_TRITON_SM90 = (
 # The PQ look-up scorer (maxsim.compressed.pq_lut), same knobs as the residual's Triton scorer.
 _PQ_LOOKUP_RECORD = "BENCHMARKS.md, PQ codes on the int8 tensor cores (benchmarks/pq_probe.py, 2026-12-06)"
 PQ_LOOKUP_GLUON_SM90 = (
-    Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, waves=8), _PQ_LOOKUP_RECORD),
-    Rule("two queries", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8), _PQ_LOOKUP_RECORD),
+    Rule("one query (row pairs reduced before the tile's maxima; 128 registers)", When(rows=(1, 32)),
+         _T(qpb=1, BT=128, waves=8, maxnreg=128, pairs=True), _PQ_LOOKUP_RECORD),
+    Rule("two queries", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8, pairs=True), _PQ_LOOKUP_RECORD),
     Rule("three queries or more (N 128; 168 registers: 3 programs an SM)", When(),
-         _T(qpb=4, BT=64, waves=8, maxnreg=168), _PQ_LOOKUP_RECORD),
+         _T(qpb=4, BT=64, waves=8, maxnreg=168, pairs=True), _PQ_LOOKUP_RECORD),
 )
 PQ_LOOKUP_SM90 = (
     Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, num_warps=4, num_stages=3, waves=8), _PQ_LOOKUP_RECORD),
