@@ -173,7 +173,10 @@ def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
                          (f"{fmt} gluon pairs BT128 waves8", Q1, dict(pairs=True)),
                          (f"{fmt} gluon pairs BT64 waves16", Q1, dict(pairs=True, block_tokens=64, waves=16)),
                          (f"q32 {fmt} gluon pairs qpb4 BT64 maxnreg168", Q32,
-                          dict(pairs=True, qpb=4, block_tokens=64, maxnreg=168))):
+                          dict(pairs=True, qpb=4, block_tokens=64, maxnreg=168)),
+                         (f"{fmt} gluon pairs BT128 waves16", Q1, dict(pairs=True, waves=16)),
+                         (f"{fmt} gluon pairs BT128 waves8 maxnreg168", Q1, dict(pairs=True, maxnreg=168)),
+                         (f"{fmt} gluon ablation: no document max", Q1, dict(ablate=2))):
         out[label] = median_ms(lambda: onebyte_scores(Q, layout, **kw))
         print(f"  {label:34s} {out[label]:.3f}", flush=True)
     for nq, Q in ((1, Q1), (32, Q32)):

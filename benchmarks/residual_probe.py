@@ -241,6 +241,11 @@ def main():
             dict(label="ablation: no table", no_table=True), dict(label="ablation: no document max", ablate=1),
             dict(label="ablation: no decode", ablate=2),
             dict(label="ablation: no table, no doc max", no_table=True, ablate=1),
+            # the Gluon scorer's (a sum of): 1 table row 0 (no gather), 2 no document maxima, 4 no expansion
+            dict(label="gluon ablation: no gather", gluon=True, ablate=1),
+            dict(label="gluon ablation: no document max", gluon=True, ablate=2),
+            dict(label="gluon ablation: no expansion", gluon=True, ablate=4),
+            dict(label="gluon ablation: none of them", gluon=True, ablate=7),
         ]
     variants += [dict(label="q32 qpb2", queries=32, qpb=2), dict(label="q32 gluon qpb1", queries=32, gluon=True),
                  dict(label="q32 gluon qpb2", queries=32, gluon=True, qpb=2),

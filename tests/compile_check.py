@@ -347,9 +347,14 @@ def residual_lut_variants():
         asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
         for qpb in (1, 4):  # one query a program; four (32-query searches)
             yield f"residual lut gluon nbits={nbits} qpb={qpb}", _residual_lut_gluon_kernel, \
-                dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, PAIRS=False, **asms), gluon_ptrs, 4, 1
+                dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, PAIRS=False, ABLATE=0, **asms), gluon_ptrs, 4, 1
         yield f"residual lut gluon nbits={nbits} qpb=1 pairs", _residual_lut_gluon_kernel, \
-            dict(NBITS=nbits, LQ=32, QPB=1, BT=64, G=16, PAIRS=True, **asms), gluon_ptrs, 4, 1
+            dict(NBITS=nbits, LQ=32, QPB=1, BT=64, G=16, PAIRS=True, ABLATE=0, **asms), gluon_ptrs, 4, 1
+        yield f"residual lut gluon nbits={nbits} qpb=4 pairs", _residual_lut_gluon_kernel, \
+            dict(NBITS=nbits, LQ=32, QPB=4, BT=64, G=16, PAIRS=True, ABLATE=0, **asms), gluon_ptrs, 4, 1
+    for ablate in (1, 2, 4, 7):  # the probe's ablations of the Gluon scorer
+        yield f"residual lut gluon ablate={ablate}", _residual_lut_gluon_kernel, \
+            dict(NBITS=2, LQ=32, QPB=1, BT=64, G=16, PAIRS=False, ABLATE=ablate, **asms), gluon_ptrs, 4, 1
     pq_ptrs = dict(codes_ptr="u8", cu_ptr="i64", q_ptr="i8", qs_ptr="fp32", words_ptr="i32", out_ptr="fp32")
     for qpb in (1, 2):  # the PQ look-up scorer (maxsim/compressed/pq_lut.py)
         yield f"pq lut qpb={qpb}", _pq_lut_kernel, dict(M=32, LQ=32, QPB=qpb, BT=128, G=16, ABLATE=0), pq_ptrs, 4, 3
@@ -381,7 +386,9 @@ EXPECT_WGMMA = {
     "residual lut gluon nbits=4 qpb=1 pairs", "pq lut qpb=1", "pq lut qpb=2", "pq lut gluon qpb=1 BT 128",
     "pq lut gluon qpb=2 BT 128", "pq lut gluon qpb=4 BT 64", "pq lut gluon qpb=1 BT 128 pairs",
     "pq lut gluon qpb=4 BT 64 pairs", "int8 gluon qpb=1 BT 128", "int8 gluon qpb=4 BT 64",
-    "fp8 gluon qpb=1 BT 128",
+    "fp8 gluon qpb=1 BT 128", "residual lut gluon nbits=2 qpb=4 pairs", "residual lut gluon nbits=4 qpb=4 pairs",
+    "residual lut gluon ablate=1", "residual lut gluon ablate=2", "residual lut gluon ablate=4",
+    "residual lut gluon ablate=7",
 }
 
 

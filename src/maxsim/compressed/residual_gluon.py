@@ -88,24 +88,28 @@ def _load_words(p_codes, off_w, grp: gl.constexpr):
 
 
 @gluon.jit
-def _load_rows(p_cid, p_inv, p_tab, off_t, LQ: gl.constexpr):
+def _load_rows(p_cid, p_inv, p_tab, off_t, LQ: gl.constexpr, ROW0: gl.constexpr = False):
     """A tile's table rows [BT, N] and inverse norms [BT] in the MMA layout; ``p_cid`` / ``p_inv``
     the tile's first row, ``p_tab [N]`` each column's table (its query's) at row 0. The ids are
-    trusted: ``build_layout`` checked every one against the table when it built the layout."""
+    trusted: ``build_layout`` checked every one against the table when it built the layout. ROW0
+    (the probe's ablation): every token reads row 0."""
     b_cid = gl.load(p_cid + off_t)
+    if ROW0:
+        b_cid = b_cid * 0
     return gl.load(p_tab[None, :] + (b_cid * LQ)[:, None]), gl.load(p_inv + off_t)
 
 
 @gluon.jit
 def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, W: gl.constexpr,
-               NBITS: gl.constexpr, LQ: gl.constexpr):
-    """Tile t0's code words (two groups; 2 bits: the same one twice), table rows and inverse norms."""
+               NBITS: gl.constexpr, LQ: gl.constexpr, ABLATE: gl.constexpr):
+    """Tile t0's code words (two groups; 2 bits: the same one twice), table rows and inverse norms.
+    ABLATE (the probe's) 1: every token reads table row 0 (no gather)."""
     w0 = _load_words(codes_ptr + t0 * W, off_w, 0)
     if NBITS == 2:
         w1 = w0
     else:
         w1 = _load_words(codes_ptr + t0 * W, off_w, 1)
-    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, LQ)
+    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, LQ, ABLATE % 2 == 1)
     return w0, w1, b_tab, b_inv
 
 
@@ -115,6 +119,7 @@ def _residual_lut_gluon_kernel(
     Nd, doc_base, num_centroids, docs_per_program, n_runs,
     Nq, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
     ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, PAIRS: gl.constexpr,
+    ABLATE: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; out [Nq, Nd]
     fp32 (pre-zeroed: empty documents keep 0). Arguments as ``residual_lut._residual_lut_kernel``'s
@@ -161,40 +166,56 @@ def _residual_lut_gluon_kernel(
     # loop-invariant per-thread offsets; each tile adds its first row (a scalar)
     off_w = (gl.arange(0, BT, gl.SliceLayout(1, w_lay)) * W)[:, None] + gl.arange(0, 32, gl.SliceLayout(0, w_lay))[None, :]
     off_t = gl.arange(0, BT, gl.SliceLayout(1, mma))
-    w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ)
+    w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ, ABLATE)
     # Two tiles an iteration, their buffers swapping roles (no register copies): tile A is scored
     # while B's bytes arrive, then B while the next A's arrive. A pair may run one tile past the
     # run: its groups lie outside [t_lo, t_hi) and change nothing.
     for t0 in range(t_lo, t_hi, 2 * BT):
-        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ)
+        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ, ABLATE)
         b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          doc_base, t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2, ASM3,
-                                         mma, a_op, strips, cols, rows, PAIRS)
-        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ)
+                                         mma, a_op, strips, cols, rows, PAIRS, ABLATE)
+        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ, ABLATE)
         b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0, ASM1, ASM2,
-                                         ASM3, mma, a_op, strips, cols, rows, PAIRS)
+                                         ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
+    if ABLATE % 4 >= 2:  # keeps the ablated walk's work alive
+        o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
+        gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
+
+
+@gluon.jit
+def _expand(w, ASM: gl.constexpr, a_op: gl.constexpr, ABLATE: gl.constexpr):
+    """A slice's operand [BT, 32] int8: the code words ``w`` expanded by the byte permute ``ASM``
+    (ABLATE >= 4, the probe's: the words' own bytes)."""
+    if ABLATE >= 4:
+        d = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=gl.int8, is_pure=True, pack=4)
+    else:
+        d = gl.inline_asm_elementwise(ASM, "=r,r", [w], dtype=gl.int8, is_pure=True, pack=4)
+    return gl.convert_layout(d, a_op)
 
 
 @gluon.jit
 def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry,
                 carry_doc, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr,
                 G: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr,
-                a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr, PAIRS: gl.constexpr):
-    """Scores tile t0 (its code words w0 / w1, table rows, inverse norms): :func:`document_maxima`."""
+                a_op: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr, PAIRS: gl.constexpr,
+                ABLATE: gl.constexpr):
+    """Scores tile t0 (its code words w0 / w1, table rows, inverse norms): :func:`document_maxima`.
+    ABLATE (the probe's, meaningless scores) 2: no document maxima; 4: no expansion (the code words
+    as the operand's bytes)."""
     N: gl.constexpr = QPB * LQ
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
-    d = gl.inline_asm_elementwise(ASM0, "=r,r", [w0], dtype=gl.int8, is_pure=True, pack=4)
-    acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(0).permute((1, 0)), acc)
-    d = gl.inline_asm_elementwise(ASM1, "=r,r", [w0], dtype=gl.int8, is_pure=True, pack=4)
-    acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(1).permute((1, 0)), acc)
-    d = gl.inline_asm_elementwise(ASM2, "=r,r", [w1], dtype=gl.int8, is_pure=True, pack=4)
-    acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(2).permute((1, 0)), acc)
-    d = gl.inline_asm_elementwise(ASM3, "=r,r", [w1], dtype=gl.int8, is_pure=True, pack=4)
-    acc = warpgroup_mma(gl.convert_layout(d, a_op), q_smem.index(3).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w0, ASM0, a_op, ABLATE), q_smem.index(0).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w0, ASM1, a_op, ABLATE), q_smem.index(1).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w1, ASM2, a_op, ABLATE), q_smem.index(2).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w1, ASM3, a_op, ABLATE), q_smem.index(3).permute((1, 0)), acc)
 
     b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc
     b_s = (gl.fma(b_f, b_qs[None, :], b_cn[None, :]) + b_tab.to(gl.float32)) * b_inv[:, None]  # [BT, N]
+    if ABLATE % 4 >= 2:
+        b_m = gl.convert_layout(gl.max(b_s, axis=0), gl.SliceLayout(0, cols))
+        return gl.maximum(b_carry, b_m), carry_doc
     return document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry, carry_doc,
                            LQ, QPB, BT, G, strips, cols, rows, PAIRS)
 
@@ -265,11 +286,12 @@ def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
 
 
 def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False):
+                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False, ablate: int = 0):
     """:func:`maxsim.compressed.residual_lut.lut_scores` through the Gluon kernel: Q ``[Nq, Lq <=
     32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all);
     ``pairs``: the row-pair epilogue (:func:`document_maxima`; the sm90 table's choice from four
-    queries a program)."""
+    queries a program). ``ablate`` (the probe's, meaningless scores; a sum of): 1 no table rows,
+    2 no document maxima, 4 no expansion of the codes."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
     from maxsim.tuning import multiprocessors
 
@@ -281,6 +303,8 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
         return out
     if Q.shape[1] > 32:
         raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
+    if ablate not in range(8):
+        raise ValueError(f"ablate must be 0 to 7, got {ablate!r}")
     q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, q_mask=q_mask, qpb=qpb, table_dtype=table_dtype,
                                       rows=32)
     slots = waves * multiprocessors(Q.device.index or 0)
@@ -292,5 +316,6 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
         layout.codes, layout.cid, layout.inv_norm, layout.cu[lo:hi + 1], q8, qs, tab, layout.group_doc, out,
         Nd, lo, centroids.shape[0], docs_per_program, n_runs,
         Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
-        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], PAIRS=pairs, num_warps=4, num_stages=num_stages)
+        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], PAIRS=pairs, ABLATE=ablate, num_warps=4,
+        num_stages=num_stages)
     return out
