@@ -101,9 +101,10 @@ def onebyte_scores(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, block
                       maxnreg=maxnreg, pairs=pairs, ablate=ablate, int8=True, fp8=layout.fp8)
 
 
-def onebyte_emulation(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None) -> torch.Tensor:
+def onebyte_emulation(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, absolute: bool = False) -> torch.Tensor:
     """:func:`onebyte_scores`' arithmetic in float64 on the CPU: the kernel must match it to fp32
-    rounding (int8), or to the tensor cores' fp32 accumulation of e4m3 products (fp8)."""
+    rounding (int8), or to the tensor cores' fp32 accumulation of e4m3 products (fp8). ``absolute``:
+    the same with every product's absolute value (what bounds an accumulation's error)."""
     q8, qs, _ = quantized_queries(Q.cpu(), layout, q_mask=None if q_mask is None else q_mask.cpu())
     qs = qs.double()
     stored = layout.words.cpu()
@@ -116,6 +117,7 @@ def onebyte_emulation(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None) ->
     for j in range(cu.numel() - 1):
         lo, hi = int(cu[j]), int(cu[j + 1])
         if hi > lo:
-            acc = torch.einsum("nld,td->ntl", q8[:Nq].double(), x8[lo:hi])  # [Nq, t, 32]
+            q, x = (q8[:Nq].double().abs(), x8[lo:hi].abs()) if absolute else (q8[:Nq].double(), x8[lo:hi])
+            acc = torch.einsum("nld,td->ntl", q, x)  # [Nq, t, 32]
             out[:, j] = (acc * qs[:Nq, None, :] * scales[lo:hi, None]).amax(1).sum(-1)
     return out
