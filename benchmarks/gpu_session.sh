@@ -148,7 +148,7 @@ for step in "$@"; do
     # wheels in .whl-engines/, from benchmarks/engine_wheels.sh). ENGINES, ENCODINGS, DOCS choose.
     engines)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-engines \
-        .whl-engines/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+        "${ENGINE_WHEELS:-.whl-engines}"/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
       PYTHONPATH="$PYTHONPATH:/tmp/site-engines" timeout "${ENGINES_TIMEOUT:-560}" python3 benchmarks/headline_bench.py \
         --docs "${DOCS:-1000000}" --encodings "${ENCODINGS:-float16}" --engines "${ENGINES:-fast-plaid,xtr-warp,colsearch}" \
         --deadline-s "${ENGINES_DEADLINE:-500}" --out "$OUT" ${ENGINES_ARGS:-} 2>&1 | tee "$OUT/engines.log" | tail -20 || status=1 ;;

@@ -555,3 +555,18 @@ def test_cli_delete_and_compact(tmp_path, monkeypatch, capsys):
     (tmp_path / "words.txt").write_text("1\ntwo\n")
     assert _main(["delete", str(tmp_path / "n"), "--ids", str(tmp_path / "words.txt")]) == 2
     assert "'two'" in capsys.readouterr().err
+
+
+def test_append_checks_ids_at_the_boundary_of_the_ranges():
+    """Ids that follow on are checked without a sort; the boundary cases still clash or pass exactly."""
+    docs = int_docs(6)
+    corpus = Corpus.from_list(docs[:3], ids=[10, 11, 12])
+    corpus.append(docs[3:4], ids=[13])  # the next id: no clash
+    with pytest.raises(ValueError, match=r"document id 13 is already in"):
+        corpus.append(docs[4:5], ids=[13])  # the largest id again
+    with pytest.raises(ValueError, match=r"document id 11 is already in"):
+        corpus.append(docs[4:6], ids=[20, 11])  # a clash below a new largest id
+    corpus.delete([13])
+    corpus.append(docs[4:5], ids=[13])  # the largest id, deleted, comes back
+    corpus.append(docs[5:6], ids=[5])  # below every id, no clash
+    assert list(corpus.ids) == [10, 11, 12, 13, 13, 5] and corpus.num_live == 5

@@ -218,6 +218,8 @@ def _live_clash(a, b, deleted_a=None, deleted_b=None):
         raise TypeError("maxsim: cannot mix int and str document ids in one corpus")
     live_a, live_b = changes.live_ids(a, deleted_a), changes.live_ids(b, deleted_b)
     if isinstance(a, np.ndarray):
+        if live_a.size == 0 or live_b.size == 0 or live_b.min() > live_a.max():  # ids that follow on: no sort
+            return None
         both = np.intersect1d(live_a, live_b)
         return int(both[0]) if both.size else None
     seen = set(live_a)
