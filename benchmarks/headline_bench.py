@@ -320,8 +320,8 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         build_s += time.perf_counter() - t0
         if refine_encoding:  # the refine stage's tokens, in host memory (pinned: the candidates' copy)
             t1 = time.perf_counter()
-            host = maxsim.Corpus.from_packed(tokens, offsets, encoding=refine_encoding).to("cpu")
-            refine_slices.append(host.pin_memory() if device.type == "cuda" else host)
+            host = maxsim.Corpus.from_packed(tokens, offsets, encoding=refine_encoding)
+            refine_slices.append(host.pin_memory() if device.type == "cuda" else host.to("cpu"))
             refine_s += time.perf_counter() - t1
         del tokens
         t_gen = time.perf_counter()

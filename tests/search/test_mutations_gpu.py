@@ -103,3 +103,17 @@ def test_compacted_corpus_answers_the_same_on_the_gpu(tmp_path, encoding):
         on_disk = Corpus.load(tmp_path / "c", mmap=True) if where == "mmap" else loaded
         result = cuda_search(on_disk, queries, 11, where, tmp_path)
         assert_answer(result, queries, live_docs, kept, np.ones(len(kept), dtype=bool), 11, encoding)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_device_corpus_pinned_is_the_same_corpus_in_host_memory(encoding):
+    docs = int_docs(12, encoding)
+    on_device = Corpus.from_list(docs, encoding=encoding).to("cuda")
+    pinned = on_device.pin_memory()
+    assert pinned.device.type == "cpu" and all(t.is_pinned() for s in pinned.segments for t in s.parts())
+    for a, b in zip(on_device.segments, pinned.segments):
+        for x, y in zip(a.parts(), b.parts()):
+            assert x.dtype == y.dtype and torch.equal(x.cpu().view(torch.uint8), y.view(torch.uint8))
+    queries = int_queries()
+    assert torch.equal(on_device.search(queries, 5, progress=False).indices.cpu(),
+                       pinned.search(queries, 5, progress=False, device="cuda").indices.cpu())

@@ -236,6 +236,14 @@ def _join_ids(a, b, deleted_a=None, deleted_b=None, name: str = "the corpus"):
     return np.concatenate([a, b]) if isinstance(a, np.ndarray) else list(a) + list(b)
 
 
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in pinned host memory: from a device, copied once straight into the pinned buffer
+    (not through pageable memory first)."""
+    if t.device.type == "cpu":
+        return t.pin_memory()
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
 def _rows(t: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
     """Rows ``keep`` (bool ``[t]``) of a per-token tensor, as a new tensor on its device."""
     mask = torch.from_numpy(keep).to(t.device)
@@ -550,7 +558,7 @@ class Corpus:
 
     def pin_memory(self) -> "Corpus":
         """A copy in pinned host memory: what streams to the GPU at the full copy rate."""
-        return self._map(lambda e: e.cpu().pin_memory(), mapped=False, codec_device="cpu")
+        return self._map(_pinned, mapped=False, codec_device="cpu")
 
     # -- appending, sharding ------------------------------------------------------------------
 
