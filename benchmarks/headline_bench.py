@@ -388,7 +388,6 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
     tokens = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, d] fp16 on the device
     offsets = np.concatenate(offsets)  # [N + 1] int64 from 0
     del pieces
-    _stage(encoding, f"built (codes {build_s:.1f} s, refine tokens {refine_s:.1f} s)", t_cell)
     queries, _ = gen.queries()
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's")

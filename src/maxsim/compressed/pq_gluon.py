@@ -77,7 +77,7 @@ def _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT: gl.constexpr, N: gl.
                    ASYNC: gl.constexpr):
     """A tile's products [BT, N] (int32 biased by MAGIC_BITS; FP8: fp32) from its codes or INT8
     tokens c0..c3 (one per slice). ASYNC: the four wgmmas are left in flight (a token for
-    :func:`_products_done`)."""
+    ``warpgroup_mma_wait``)."""
     if FP8:  # e4m3 products accumulate in fp32
         acc = gl.zeros([BT, N], gl.float32, mma)
     else:
@@ -90,14 +90,6 @@ def _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT: gl.constexpr, N: gl.
     acc = warpgroup_mma(a2, q_smem.index(2).permute((1, 0)), acc, is_async=ASYNC)
     a3 = _slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
     acc = warpgroup_mma(a3, q_smem.index(3).permute((1, 0)), acc, is_async=ASYNC)
-    return acc
-
-
-@gluon.jit
-def _products_done(acc, ASYNC: gl.constexpr):
-    """The accumulator of :func:`_tile_products` (ASYNC: waits for its wgmmas)."""
-    if ASYNC:
-        acc = warpgroup_mma_wait(0, deps=[acc])
     return acc
 
 
@@ -200,8 +192,7 @@ def _pq_lut_gluon_kernel(
     c0, c1, c2, c3 = _load_codes(codes_ptr, t_lo, t_hi, off_c, o_row, M)
     # Two tiles an iteration, their code buffers swapping roles (the residual Gluon scorer's walk).
     if ASYNC:  # tile B's products in flight while A goes through the epilogue, then the next A's while B does
-        acc_a = _products_done(_tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8,
-                                              FP8, False), False)
+        acc_a = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, False)
         for t0 in range(t_lo, t_hi, 2 * BT):
             n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
             pending = _tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, True)
@@ -209,23 +200,21 @@ def _pq_lut_gluon_kernel(
                                               t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips, cols,
                                               rows, PAIRS, ABLATE, INT8, FP8)
             c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
-            acc_b = _products_done(pending, True)
+            acc_b = warpgroup_mma_wait(0, deps=[pending])
             pending = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, True)
             b_carry, carry_doc = _tile_scores(acc_b, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
                                               t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips,
                                               cols, rows, PAIRS, ABLATE, INT8, FP8)
-            acc_a = _products_done(pending, True)  # (past the run's end: masked rows, never stored)
+            acc_a = warpgroup_mma_wait(0, deps=[pending])  # (past the run's end: masked rows, never stored)
     else:
         for t0 in range(t_lo, t_hi, 2 * BT):
             n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
-            acc = _products_done(_tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8,
-                                                FP8, False), False)
+            acc = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, False)
             b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
                                               t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips, cols,
                                               rows, PAIRS, ABLATE, INT8, FP8)
             c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
-            acc = _products_done(_tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8,
-                                                FP8, False), False)
+            acc = _tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, False)
             b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
                                               t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips,
                                               cols, rows, PAIRS, ABLATE, INT8, FP8)

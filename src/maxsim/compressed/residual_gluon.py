@@ -88,7 +88,7 @@ def _load_words(p_codes, off_w, grp: gl.constexpr):
 
 
 @gluon.jit
-def _load_rows(p_cid, p_inv, p_tab, off_t, LQ: gl.constexpr, ROW0: gl.constexpr = False):
+def _load_rows(p_cid, p_inv, p_tab, off_t, LQ: gl.constexpr, ROW0: gl.constexpr):
     """A tile's table rows [BT, N] and inverse norms [BT] in the MMA layout; ``p_cid`` / ``p_inv``
     the tile's first row, ``p_tab [N]`` each column's table (its query's) at row 0. The ids are
     trusted: ``build_layout`` checked every one against the table when it built the layout. ROW0

@@ -122,6 +122,7 @@ def _pq_lookup(nq, lq, d, sub_dim, dtype, masked, needs_grad, family):
     return _first_lookup(((specs.PQ_LOOKUP_GLUON, T.PQ_LOOKUP_GLUON_SM90, 32),
                           (specs.PQ_LOOKUP, T.PQ_LOOKUP_SM90, None)), call, common, lq, nq, family)
 
+
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
                      decode_dtype=None, requires_grad: bool = False, gpu: str | None = None,
                      quantize_query: bool = False):
