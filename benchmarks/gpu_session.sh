@@ -56,17 +56,17 @@ for step in "$@"; do
             2>&1 | tee "$OUT/fp32-train.log" | tail -24 || status=1 ;;
     # Real-token passages (issue 54 point 6): all-MiniLM-L6-v2 over Lee-corpus text and a word model's,
     # REAL_DOCS of them (default 1M), then the headline on them: REAL_ENCODINGS refined from float16
-    # (k x 8) beside fast-plaid. Wants .whl-real/ (bash benchmarks/real_carry.sh; carry it). The
+    # (k x 8) beside REAL_ENGINES (default fast-plaid). Wants .whl-real/ (bash benchmarks/real_carry.sh; carry it). The
     # folder lives in /tmp for this call only; the headline gets what the build left of 580 s.
     real) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
             .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
           ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
             t0=$(date +%s)
             timeout 400 python3 benchmarks/real_passages.py --docs "${REAL_DOCS:-1000000}" --out /tmp/real \
-              --device cuda 2>&1 | tr '\r' '\n' | grep -v "passage/s" | tee "$OUT/real-build.log" | tail -3
+              --device cuda --batch-size 1024 2>&1 | tr '\r' '\n' | grep -v "passage/s" | tee "$OUT/real-build.log" | tail -3
             left=$(( 580 - $(date +%s) + t0 ))
             python3 benchmarks/headline_bench.py --docs "${REAL_DOCS:-1000000}" --passages real:/tmp/real \
-              --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines fast-plaid --refine float16 \
+              --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines "${REAL_ENGINES-fast-plaid}" --refine float16 \
               --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" \
               --out "$OUT/headline-real.json" 2>&1 | tee "$OUT/headline-real.log" | tail -12 ) || status=1 ;;
     # The search server under load (issue 55 point 3): SERVE_DOCS passages (default 1M), 64 concurrent

@@ -87,9 +87,8 @@ def lut_cell(docs: int, variants: list) -> dict:
         try:
             if v.pop("gluon", False):
                 from maxsim.compressed.pq_gluon import gluon_scores
-                if label in ("gluon BT128 waves8", "gluon pairs overlap BT128 waves8"):  # against the emulation too
-                    g_s = gluon_scores(Qc, lay_s, pairs=v.get("pairs", False), overlap=v.get("overlap", False))
-                    g_s = g_s.double().cpu()
+                if label in ("gluon BT128 waves8", "gluon pairs BT128 waves8 maxnreg128"):  # against the emulation too
+                    g_s = gluon_scores(Qc, lay_s, pairs=v.get("pairs", False)).double().cpu()
                     out[label + " emulation_max_abs"] = float((g_s - ref).abs().max())
                 ms = median_ms(lambda: gluon_scores(Q, layout, **v))
             else:
@@ -171,12 +170,6 @@ def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
                          (f"{fmt} gluon pairs BT128 waves16", Q1, dict(pairs=True, waves=16)),
                          (f"q32 {fmt} gluon pairs qpb4 BT64 maxnreg168", Q32,
                           dict(pairs=True, qpb=4, block_tokens=64, maxnreg=168)),
-                         (f"{fmt} gluon pairs overlap BT128 waves8", Q1, dict(pairs=True, overlap=True)),
-                         (f"{fmt} gluon pairs overlap BT128 waves16", Q1, dict(pairs=True, overlap=True, waves=16)),
-                         (f"{fmt} gluon pairs overlap BT64 waves16", Q1,
-                          dict(pairs=True, overlap=True, block_tokens=64, waves=16)),
-                         (f"q32 {fmt} gluon pairs overlap qpb4 BT64", Q32,
-                          dict(pairs=True, overlap=True, qpb=4, block_tokens=64)),
                          (f"{fmt} gluon ablation: no document max", Q1, dict(ablate=2))):
         out[label] = median_ms(lambda: onebyte_scores(Q, layout, **kw))
         print(f"  {label:34s} {out[label]:.3f}", flush=True)
@@ -194,22 +187,12 @@ def main():
     p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: lut fp16 stream int8 fp8_e4m3")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    # the defaults (sm90 table), each tile's wgmmas overlapping the last one's epilogue, the
-    # breakdown's ablations, and the Triton scorer (earlier sweeps: benchmarks/HISTORY.md)
+    # the defaults (sm90 table), the breakdown's ablations, and the Triton scorer (earlier sweeps:
+    # benchmarks/HISTORY.md)
     variants = [dict(label="gluon BT128 waves8", gluon=True),
                 dict(label="gluon pairs BT128 waves8 maxnreg128", gluon=True, pairs=True, maxnreg=128),
                 dict(label="q32 gluon pairs qpb4 BT64 maxnreg168", gluon=True, pairs=True, queries=32, qpb=4,
                      block_tokens=64, maxnreg=168),
-                dict(label="gluon pairs overlap BT128 waves8", gluon=True, pairs=True, overlap=True),
-                dict(label="gluon pairs overlap BT128 waves8 maxnreg168", gluon=True, pairs=True, overlap=True,
-                     maxnreg=168),
-                dict(label="gluon pairs overlap BT128 waves16", gluon=True, pairs=True, overlap=True, waves=16),
-                dict(label="gluon pairs overlap BT64 waves16", gluon=True, pairs=True, overlap=True, block_tokens=64,
-                     waves=16),
-                dict(label="q32 gluon pairs overlap qpb4 BT64", gluon=True, pairs=True, overlap=True, queries=32,
-                     qpb=4, block_tokens=64),
-                dict(label="q32 gluon pairs overlap qpb2 BT128", gluon=True, pairs=True, overlap=True, queries=32,
-                     qpb=2),
                 dict(label="gluon ablation: no gather", gluon=True, ablate=1),
                 dict(label="gluon ablation: no document max", gluon=True, ablate=2),
                 dict(label="gluon ablation: neither", gluon=True, ablate=3),

@@ -127,23 +127,36 @@ def texts_for(num_docs: int, seed: int, workers: int | None = None) -> tuple[lis
 def encode(texts: list[str], basis: torch.Tensor, tokenizer, model, device, max_tokens: int, batch_size: int,
            exact_len: int | None = None, progress=None):
     """Each text -> its wordpieces' last hidden states, projected by ``basis`` and normalised,
-    fp16: (packed [T, dim] on the CPU, lengths [N]). ``exact_len``: pad to it (queries)."""
-    parts, lengths = [], []
-    for start in range(0, len(texts), batch_size):
-        batch = tokenizer(texts[start:start + batch_size], padding="max_length" if exact_len else True,
-                          truncation=True, max_length=exact_len or max_tokens, return_tensors="pt").to(device)
-        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
-            hidden = model(**batch).last_hidden_state  # [b, L, 384]
-        x = torch.nn.functional.normalize(hidden.float() @ basis, dim=-1).half()  # [b, L, dim]
-        mask = batch["attention_mask"].bool()
-        if exact_len:
-            mask = torch.ones_like(mask)
-        parts.append(x[mask].cpu())
-        lengths.append(mask.sum(1).cpu())
-        if progress is not None:
-            progress.update(len(texts[start:start + batch_size]))
-    return torch.cat(parts), torch.cat(lengths).numpy().astype(np.int64)
+    fp16: (packed [T, dim] on the CPU, lengths [N]). ``exact_len``: pad to it (queries).
 
+    The texts are tokenized in one call (the fast tokenizer's threads) and run through the model
+    shortest first, so a batch pads to its own longest text; the rows go back in the texts' order."""
+    ids = tokenizer(texts, truncation=True, max_length=exact_len or max_tokens)["input_ids"]
+    lengths = np.array([exact_len or len(row) for row in ids], dtype=np.int64)
+    order = np.argsort(lengths, kind="stable")
+    pad = tokenizer.pad_token_id or 0
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    out = torch.empty(int(starts[-1]), basis.shape[1], dtype=torch.float16, device=device)  # [T, dim]
+    for first in range(0, len(texts), batch_size):
+        rows = order[first:first + batch_size]
+        width = int(lengths[rows].max())
+        batch = torch.full((len(rows), width), pad, dtype=torch.int64)  # [b, L]
+        for i, r in enumerate(rows):
+            batch[i, :len(ids[r])] = torch.as_tensor(ids[r][:width])
+        mask = torch.arange(width)[None, :] < torch.as_tensor([len(ids[r]) for r in rows])[:, None]  # [b, L]
+        batch, mask = batch.to(device), mask.to(device)
+        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
+            hidden = model(input_ids=batch, attention_mask=mask.long()).last_hidden_state  # [b, L, 384]
+        x = torch.nn.functional.normalize(hidden.float() @ basis, dim=-1).half()  # [b, L, dim]
+        # Row i's first lengths[r] positions go to its packed rows (queries keep their padding rows,
+        # as ColBERT's query expansion does); one gather a batch, no host synchronisation.
+        src = np.concatenate([i * width + np.arange(lengths[r]) for i, r in enumerate(rows)])
+        dst = np.concatenate([np.arange(starts[r], starts[r + 1]) for r in rows])
+        out[torch.as_tensor(dst, device=device)] = x.reshape(-1, x.shape[-1])[torch.as_tensor(src, device=device)]
+        if progress is not None:
+            progress.update(len(rows))
+    return out.cpu(), lengths
 
 def build(out: str, num_docs: int, *, device="cpu", num_queries: int = 32, dim: int = 128, max_tokens: int = 128,
           batch_size: int = 256, seed: int = 0) -> dict:

@@ -228,9 +228,6 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [
         dict(label="gluon BT64", gluon=True), dict(label="gluon BT64 pairs", gluon=True, pairs=True),
-        dict(label="gluon BT64 overlap", gluon=True, overlap=True),
-        dict(label="gluon BT64 pairs overlap", gluon=True, pairs=True, overlap=True),
-        dict(label="gluon BT64 pairs overlap waves16", gluon=True, pairs=True, overlap=True, waves=16),
         dict(label="BT128 w4 waves8", waves=8),
     ]
     if args.sweep:  # the Gluon scorer's knobs
@@ -253,8 +250,7 @@ def main():
     variants += [dict(label="q32 qpb2", queries=32, qpb=2), dict(label="q32 gluon qpb1", queries=32, gluon=True),
                  dict(label="q32 gluon qpb2", queries=32, gluon=True, qpb=2),
                  dict(label="q32 gluon qpb4", queries=32, gluon=True, qpb=4),
-                 dict(label="q32 gluon qpb4 pairs", queries=32, gluon=True, qpb=4, pairs=True),
-                 dict(label="q32 gluon qpb4 pairs overlap", queries=32, gluon=True, qpb=4, pairs=True, overlap=True)]
+                 dict(label="q32 gluon qpb4 pairs", queries=32, gluon=True, qpb=4, pairs=True)]
     if args.profile:  # one launch under ncu: the default tile, 2 bits
         from maxsim.compressed.residual_lut import build_layout, lut_scores
 

@@ -347,37 +347,29 @@ def residual_lut_variants():
         asms = {f"ASM{s}": decoder_asm(nbits, s % (4 if nbits == 2 else 2), luts[nbits]) for s in range(4)}
         for qpb in (1, 4):  # one query a program; four (32-query searches)
             yield f"residual lut gluon nbits={nbits} qpb={qpb}", _residual_lut_gluon_kernel, \
-                dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, PAIRS=False, ABLATE=0, ASYNC=False, **asms), gluon_ptrs, 4, 1
+                dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, PAIRS=False, ABLATE=0, **asms), gluon_ptrs, 4, 1
         yield f"residual lut gluon nbits={nbits} qpb=1 pairs", _residual_lut_gluon_kernel, \
-            dict(NBITS=nbits, LQ=32, QPB=1, BT=64, G=16, PAIRS=True, ABLATE=0, ASYNC=False, **asms), gluon_ptrs, 4, 1
+            dict(NBITS=nbits, LQ=32, QPB=1, BT=64, G=16, PAIRS=True, ABLATE=0, **asms), gluon_ptrs, 4, 1
         yield f"residual lut gluon nbits={nbits} qpb=4 pairs", _residual_lut_gluon_kernel, \
-            dict(NBITS=nbits, LQ=32, QPB=4, BT=64, G=16, PAIRS=True, ABLATE=0, ASYNC=False, **asms), gluon_ptrs, 4, 1
-        for qpb in (1, 4):  # each tile's wgmmas in flight during the last one's epilogue
-            yield f"residual lut gluon nbits={nbits} qpb={qpb} pairs overlap", _residual_lut_gluon_kernel, \
-                dict(NBITS=nbits, LQ=32, QPB=qpb, BT=64, G=16, PAIRS=True, ABLATE=0, ASYNC=True, **asms), gluon_ptrs, 4, 1
+            dict(NBITS=nbits, LQ=32, QPB=4, BT=64, G=16, PAIRS=True, ABLATE=0, **asms), gluon_ptrs, 4, 1
     for ablate in (1, 2, 4, 7):  # the probe's ablations of the Gluon scorer
         yield f"residual lut gluon ablate={ablate}", _residual_lut_gluon_kernel, \
-            dict(NBITS=2, LQ=32, QPB=1, BT=64, G=16, PAIRS=False, ABLATE=ablate, ASYNC=False, **asms), gluon_ptrs, 4, 1
+            dict(NBITS=2, LQ=32, QPB=1, BT=64, G=16, PAIRS=False, ABLATE=ablate, **asms), gluon_ptrs, 4, 1
     pq_ptrs = dict(codes_ptr="u8", cu_ptr="i64", q_ptr="i8", qs_ptr="fp32", words_ptr="i32", out_ptr="fp32")
     for qpb in (1, 2):  # the PQ look-up scorer (maxsim/compressed/pq_lut.py)
         yield f"pq lut qpb={qpb}", _pq_lut_kernel, dict(M=32, LQ=32, QPB=qpb, BT=128, G=16, ABLATE=0), pq_ptrs, 4, 3
     pq_gluon_ptrs = dict(pq_ptrs, gdoc_ptr="i32", scale_ptr="fp32")
     for qpb, bt, pairs in ((1, 128, False), (2, 128, False), (4, 64, False), (1, 128, True), (4, 64, True)):
         yield f"pq lut gluon qpb={qpb} BT {bt}{' pairs' if pairs else ''}", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=False, FP8=False, ASYNC=False), pq_gluon_ptrs, 4, 1
+            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=False, FP8=False), pq_gluon_ptrs, 4, 1
     for m, s in ((32, 4), (16, 8)):  # PQ encoding on the GPU (maxsim/compressed/pq_encode.py)
         yield f"pq encode m={m}", _pq_encode_kernel, dict(M=m, S=s, BT=32), \
             dict(x_ptr="fp16", cb_ptr="fp32", out_ptr="u8"), 4, 1
-    for qpb, bt, nreg in ((1, 128, 128), (4, 64, 168)):  # each tile's wgmmas in flight during the last one's epilogue
-        yield f"pq lut gluon qpb={qpb} BT {bt} pairs overlap", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=True, ABLATE=0, INT8=False, FP8=False, ASYNC=True), \
-            pq_gluon_ptrs, 4, 1
-    for qpb, bt, fp8 in ((1, 128, False), (4, 64, False), (1, 128, True)):  # one-byte tokens (onebyte_gluon.py)
-        yield f"{'fp8' if fp8 else 'int8'} gluon qpb={qpb} BT {bt}", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=False, ABLATE=0, INT8=True, FP8=fp8, ASYNC=False), \
-            dict(pq_gluon_ptrs, codes_ptr="i32", q_ptr="fp8e4nv" if fp8 else "i8"), 4, 1
-        yield f"{'fp8' if fp8 else 'int8'} gluon qpb={qpb} BT {bt} pairs overlap", _pq_lut_gluon_kernel, \
-            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=True, ABLATE=0, INT8=True, FP8=fp8, ASYNC=True), \
+    for qpb, bt, fp8, pairs in ((1, 128, False, False), (4, 64, False, False), (1, 128, True, False),
+                                (1, 128, False, True), (4, 64, False, True), (1, 128, True, True),
+                                (4, 64, True, True)):  # one-byte tokens (onebyte_gluon.py)
+        yield f"{'fp8' if fp8 else 'int8'} gluon qpb={qpb} BT {bt}{' pairs' if pairs else ''}", _pq_lut_gluon_kernel, \
+            dict(M=32, LQ=32, QPB=qpb, BT=bt, G=16, PAIRS=pairs, ABLATE=0, INT8=True, FP8=fp8), \
             dict(pq_gluon_ptrs, codes_ptr="i32", q_ptr="fp8e4nv" if fp8 else "i8"), 4, 1
 
 
@@ -396,11 +388,10 @@ EXPECT_WGMMA = {
     "residual lut gluon nbits=4 qpb=1 pairs", "pq lut qpb=1", "pq lut qpb=2", "pq lut gluon qpb=1 BT 128",
     "pq lut gluon qpb=2 BT 128", "pq lut gluon qpb=4 BT 64", "pq lut gluon qpb=1 BT 128 pairs",
     "pq lut gluon qpb=4 BT 64 pairs", "int8 gluon qpb=1 BT 128", "int8 gluon qpb=4 BT 64",
-    "fp8 gluon qpb=1 BT 128", "residual lut gluon nbits=2 qpb=4 pairs", "residual lut gluon nbits=4 qpb=4 pairs",
+    "fp8 gluon qpb=1 BT 128", "int8 gluon qpb=1 BT 128 pairs", "int8 gluon qpb=4 BT 64 pairs",
+    "fp8 gluon qpb=1 BT 128 pairs", "fp8 gluon qpb=4 BT 64 pairs", "residual lut gluon nbits=2 qpb=4 pairs", "residual lut gluon nbits=4 qpb=4 pairs",
     "residual lut gluon ablate=1", "residual lut gluon ablate=2", "residual lut gluon ablate=4",
-    "residual lut gluon ablate=7", "residual lut gluon nbits=2 qpb=1 pairs overlap",
-    "residual lut gluon nbits=4 qpb=4 pairs overlap", "pq lut gluon qpb=1 BT 128 pairs overlap",
-    "int8 gluon qpb=1 BT 128 pairs overlap",
+    "residual lut gluon ablate=7",
 }
 
 

@@ -194,6 +194,28 @@ def test_train_improves_on_its_start_and_is_reproducible():
     assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)
 
 
+def test_train_sums_block_by_block_and_samples_large_residuals_alone(monkeypatch):
+    # k-means converts its sample to fixed point a row block at a time, and past 2**23 residual
+    # values computes only the drawn ones (a 2**17-centroid sample would need 67 GB otherwise):
+    # the codec must be the one the whole-tensor arithmetic gives.
+    import maxsim.compressed.codec as codec_module
+
+    x = torch.nn.functional.normalize(torch.randn(70_000, 128), dim=-1)  # 8.96M values > 2**23
+    whole = ResidualCodec.train(x, 2, num_centroids=32, iterations=2, sample=70_000)
+    monkeypatch.setattr(codec_module, "_FIXED_BLOCK", 997)
+    blocks = ResidualCodec.train(x, 2, num_centroids=32, iterations=2, sample=70_000)
+    assert torch.equal(blocks.centroids, whole.centroids)
+    # the buckets from the drawn values, as the full residual tensor and the same draw give them
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randperm(x.shape[0], generator=generator)[:70_000]
+    torch.randperm(70_000, generator=generator)  # k-means' random start
+    points = torch.nn.functional.normalize(x[rows].float(), dim=-1)
+    residual = (points - whole.centroids[(points @ whole.centroids.T).argmax(1)]).flatten()
+    picked = residual[torch.randint(residual.numel(), (1 << 23,), generator=generator)]
+    levels = torch.arange(4, dtype=torch.float32) / 4
+    torch.testing.assert_close(whole.bucket_cutoffs, picked.quantile(levels[1:]), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("nbits", NBITS)
 def test_train_buckets_split_the_residuals_evenly(nbits):
     # cutoffs at the residual values' quantiles: encoding the training tokens fills every bucket

@@ -69,6 +69,15 @@ def _padded_from_packed(deq, cu):
     return maxsim.pad([deq[cu[j]:cu[j + 1]] for j in range(cu.numel() - 1)])
 
 
+def _clear_of_ties(Q, D, d_mask, gap=1e-3):
+    """[Nq, Nd] bool: True where each query token's best document token beats the runner-up by more
+    than ``gap`` (float64 products), so its gradient has one owner however the scores are rounded."""
+    sim = torch.einsum("qid,njd->qnij", Q.double(), D.double())  # [Nq, Nd, Lq, Ld]
+    sim = sim.masked_fill(~d_mask.bool()[None, :, None, :], float("-inf"))
+    top = sim.topk(2, dim=-1).values  # [Nq, Nd, Lq, 2]
+    return ((top[..., 0] - top[..., 1]) > gap).all(-1)  # an empty document (-inf - -inf: nan) is not clear
+
+
 # ---------------------------------------------------------------------- quantize / dequantize
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_int8_round_trip_within_half_a_step(dtype):
@@ -539,9 +548,13 @@ def test_gpu_gradients_and_chunks(format):
     values, scales, cu = _packed_corpus(torch.randint(0, 200, (3000,)).tolist(), 128, format)
     values, scales, cu = values.cuda(), scales.cuda(), cu.cuda()
     Q = torch.randn(8, 32, 128, device="cuda", requires_grad=True)
-    weights = torch.randn(8, 3000, device="cuda")
-    (maxsim_quantized_varlen(Q, values, scales, cu, chunk_documents=700) * weights).sum().backward()
     D, d_mask = _padded_from_packed(dequantize_tokens(values, scales), cu)
+    # A pair whose best token wins by a hair may pick the runner-up under the other rounding, moving
+    # a whole query token's gradient (seed 499257684, e4m3): such pairs weigh nothing here.
+    clear = _clear_of_ties(Q.detach(), D, d_mask)  # [8, 3000]
+    assert clear.float().mean() > 0.9
+    weights = torch.randn(8, 3000, device="cuda") * clear
+    (maxsim_quantized_varlen(Q, values, scales, cu, chunk_documents=700) * weights).sum().backward()
     Q_ref = Q.detach().clone().requires_grad_(True)
     (maxsim.reference.maxsim_reference(Q_ref, D, None, d_mask) * weights).sum().backward()
     torch.testing.assert_close(Q.grad, Q_ref.grad, atol=1e-3, rtol=1e-3)

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ._fixed import fixed_point
+from ._fixed import fixed_point_scale
 
 _SUPPORTED_NBITS = (1, 2, 4, 8)
 _DECODE_DTYPES = (torch.float16, torch.float32)
@@ -153,10 +153,15 @@ class ResidualCodec:
                                  f"{tuple(centroids.shape) if torch.is_tensor(centroids) else type(centroids).__name__}")
             centroids = centroids.to(x.device, torch.float32)
             points = _sample_rows(x, sample or 256 * centroids.shape[0], generator)
-        residual = (points - centroids[_nearest(_assignable(points), centroids)]).flatten()
-        if residual.numel() > 1 << 23:  # torch.quantile takes at most 2**24 elements: 2**23 drawn at random
-            # (with replacement: a permutation of 2**17 centroids' 33.5M-point sample would be 4.3G indices)
-            residual = residual[torch.randint(residual.numel(), (1 << 23,), generator=generator).to(x.device)]
+        nearest = _nearest(_assignable(points), centroids)  # [n]
+        if points.numel() > 1 << 23:  # torch.quantile takes at most 2**24 elements: 2**23 drawn at random
+            # (with replacement: a permutation of 2**17 centroids' 33.5M-point sample would be 4.3G indices),
+            # each computed alone: the whole [n, d] residual and its gather would be 2 x 17 GB there.
+            picked = torch.randint(points.numel(), (1 << 23,), generator=generator).to(x.device)  # [2**23]
+            row, col = picked // points.shape[1], picked % points.shape[1]
+            residual = points[row, col] - centroids[nearest[row], col]
+        else:
+            residual = (points - centroids[nearest]).flatten()
         levels = torch.arange(1 << nbits, dtype=torch.float32, device=x.device) / (1 << nbits)
         cutoffs = residual.quantile(levels[1:])
         weights = residual.quantile(levels + 0.5 / (1 << nbits))
@@ -326,6 +331,9 @@ def _sample_rows(x, count, generator):
 # Scores held at once while assigning points to centroids (fp32 elements).
 _ASSIGN_BLOCK = 1 << 26
 
+# Sample rows converted to fixed point at once by k-means (16 bytes a value while converting).
+_FIXED_BLOCK = 1 << 20
+
 
 # The fused assignment: points per "query" of the packed MaxSim kernel, and per launch (bounds
 # the argmax buffer and the points' copy in the kernel's dtype).
@@ -385,11 +393,16 @@ def _spherical_kmeans(points, count, iterations, generator):
     cluster keeps its centroid). The sums are fixed-point integer sums (exact in any order)."""
     n = points.shape[0]
     centroids = points[torch.randperm(n, generator=generator)[:count].to(points.device)].clone()
-    fixed, _ = fixed_point(points, n, signed=True, return_scale=True)  # [n, d] int64
+    scale = fixed_point_scale(points, n, signed=True)
     assignable = _assignable(points)
     for _ in range(iterations):
         assign = _nearest(assignable, centroids)
-        sums = torch.zeros(count, points.shape[1], dtype=torch.int64, device=points.device).index_add_(0, assign, fixed)
+        sums = torch.zeros(count, points.shape[1], dtype=torch.int64, device=points.device)
+        # Row blocks: all n points in int64 plus their float64 copy would be 16 bytes a value
+        # (67 GB for 2**17 centroids' 33.5M-point sample), where the sums are the same block by block.
+        for start in range(0, n, _FIXED_BLOCK):
+            block = torch.round(points[start:start + _FIXED_BLOCK].double() * scale).to(torch.int64)  # [b, d]
+            sums.index_add_(0, assign[start:start + _FIXED_BLOCK], block)
         filled = torch.bincount(assign, minlength=count) > 0
         centroids[filled] = torch.nn.functional.normalize(sums[filled].double(), dim=-1).float()
     return centroids

@@ -87,9 +87,9 @@ def quantized_queries(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, qp
 
 def onebyte_scores(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, block_tokens: int = 128, waves: int = 8,
                    qpb: int = 1, docs=None, maxnreg: int | None = None, pairs: bool = False,
-                   ablate: int = 0, overlap: bool = False) -> torch.Tensor:
+                   ablate: int = 0) -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of queries ``Q [Nq, Lq <= 32, 128]`` against a :class:`OneByteLayout`
-    on a Hopper GPU (``docs``: ``(lo, hi)``, only documents lo..hi-1); ``pairs``, ``maxnreg``, ``overlap``:
+    on a Hopper GPU (``docs``: ``(lo, hi)``, only documents lo..hi-1); ``pairs``, ``maxnreg``:
     :func:`maxsim.compressed.pq_gluon.gluon_scores`'; ``ablate`` 2 (the probe's, meaningless
     scores): no document maxima."""
     if ablate not in (0, 2):
@@ -98,7 +98,7 @@ def onebyte_scores(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, block
 
     return run_kernel(Q, layout, lambda: quantized_queries(Q, layout, q_mask=q_mask, qpb=qpb), layout.words,
                       layout.words, layout.scales, docs=docs, block_tokens=block_tokens, waves=waves, qpb=qpb,
-                      maxnreg=maxnreg, pairs=pairs, ablate=ablate, int8=True, fp8=layout.fp8, overlap=overlap)
+                      maxnreg=maxnreg, pairs=pairs, ablate=ablate, int8=True, fp8=layout.fp8)
 
 
 def onebyte_emulation(Q: torch.Tensor, layout: OneByteLayout, *, q_mask=None, absolute: bool = False) -> torch.Tensor:

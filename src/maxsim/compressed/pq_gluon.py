@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 from maxsim.compressed.residual_gluon import (MAGIC, MAGIC_BITS, cols_layout, document_maxima, mma_layout,
                                               query_slices, rows_layout, strips_layout)
@@ -73,23 +73,21 @@ def _slice_operand(b_code, sub_row, zero4, a_op: gl.constexpr, BT: gl.constexpr,
 
 @gluon.jit
 def _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT: gl.constexpr, N: gl.constexpr, mma: gl.constexpr,
-                   a_op: gl.constexpr, ABLATE: gl.constexpr, INT8: gl.constexpr, FP8: gl.constexpr,
-                   ASYNC: gl.constexpr):
+                   a_op: gl.constexpr, ABLATE: gl.constexpr, INT8: gl.constexpr, FP8: gl.constexpr):
     """A tile's products [BT, N] (int32 biased by MAGIC_BITS; FP8: fp32) from its codes or INT8
-    tokens c0..c3 (one per slice). ASYNC: the four wgmmas are left in flight (a token for
-    ``warpgroup_mma_wait``)."""
+    tokens c0..c3 (one per slice)."""
     if FP8:  # e4m3 products accumulate in fp32
         acc = gl.zeros([BT, N], gl.float32, mma)
     else:
         acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
     a0 = _slice_operand(c0, sub0, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a0, q_smem.index(0).permute((1, 0)), acc, is_async=ASYNC)
+    acc = warpgroup_mma(a0, q_smem.index(0).permute((1, 0)), acc)
     a1 = _slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a1, q_smem.index(1).permute((1, 0)), acc, is_async=ASYNC)
+    acc = warpgroup_mma(a1, q_smem.index(1).permute((1, 0)), acc)
     a2 = _slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a2, q_smem.index(2).permute((1, 0)), acc, is_async=ASYNC)
+    acc = warpgroup_mma(a2, q_smem.index(2).permute((1, 0)), acc)
     a3 = _slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a3, q_smem.index(3).permute((1, 0)), acc, is_async=ASYNC)
+    acc = warpgroup_mma(a3, q_smem.index(3).permute((1, 0)), acc)
     return acc
 
 
@@ -119,7 +117,7 @@ def _pq_lut_gluon_kernel(
     codes_ptr, cu_ptr, q_ptr, qs_ptr, words_ptr, scale_ptr, gdoc_ptr, out_ptr,
     Nd, doc_base, docs_per_program, n_runs, Nq,
     M: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, PAIRS: gl.constexpr,
-    ABLATE: gl.constexpr, INT8: gl.constexpr, FP8: gl.constexpr, ASYNC: gl.constexpr,
+    ABLATE: gl.constexpr, INT8: gl.constexpr, FP8: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; arguments as
     ``pq_lut._pq_lut_kernel``'s, plus ``gdoc_ptr`` (each group's document, padded past the end) and
@@ -127,8 +125,7 @@ def _pq_lut_gluon_kernel(
     INT8: ``codes_ptr`` holds int8 tokens [Tp, 128] as [Tp, 32] int32 words in the codes' stored
     order (scales ``scale_ptr`` [Tp] fp32), each word loaded straight into its A-fragment register;
     no table (``words_ptr`` unread). FP8 (with INT8): the tokens and the query are e4m3, the products
-    accumulate in fp32. ASYNC: each tile's wgmmas run while the tile before it goes through the
-    epilogue."""
+    accumulate in fp32."""
     N: gl.constexpr = QPB * LQ
     NG: gl.constexpr = BT // G
     NEG_INF: gl.constexpr = float("-inf")
@@ -191,33 +188,17 @@ def _pq_lut_gluon_kernel(
     carry_doc = (j_lo * 0 - 3).to(gl.int32)
     c0, c1, c2, c3 = _load_codes(codes_ptr, t_lo, t_hi, off_c, o_row, M)
     # Two tiles an iteration, their code buffers swapping roles (the residual Gluon scorer's walk).
-    if ASYNC:  # tile B's products in flight while A goes through the epilogue, then the next A's while B does
-        acc_a = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, False)
-        for t0 in range(t_lo, t_hi, 2 * BT):
-            n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
-            pending = _tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, True)
-            b_carry, carry_doc = _tile_scores(acc_a, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
-                                              t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips, cols,
-                                              rows, PAIRS, ABLATE, INT8, FP8)
-            c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
-            acc_b = warpgroup_mma_wait(0, deps=[pending])
-            pending = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, True)
-            b_carry, carry_doc = _tile_scores(acc_b, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
-                                              t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips,
-                                              cols, rows, PAIRS, ABLATE, INT8, FP8)
-            acc_a = warpgroup_mma_wait(0, deps=[pending])  # (past the run's end: masked rows, never stored)
-    else:
-        for t0 in range(t_lo, t_hi, 2 * BT):
-            n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
-            acc = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, False)
-            b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
-                                              t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips, cols,
-                                              rows, PAIRS, ABLATE, INT8, FP8)
-            c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
-            acc = _tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8, False)
-            b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
-                                              t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips,
-                                              cols, rows, PAIRS, ABLATE, INT8, FP8)
+    for t0 in range(t_lo, t_hi, 2 * BT):
+        n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
+        acc = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8)
+        b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
+                                          t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips, cols,
+                                          rows, PAIRS, ABLATE, INT8, FP8)
+        c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
+        acc = _tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8)
+        b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
+                                          t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips,
+                                          cols, rows, PAIRS, ABLATE, INT8, FP8)
     if ABLATE >= 2:  # keeps the ablated walk's work alive
         o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
         gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
@@ -227,12 +208,11 @@ def _pq_lut_gluon_kernel(
 
 def run_kernel(Q, layout, quantize, codes, words, scales, *, docs=None, block_tokens: int = 128, waves: int = 8,
                qpb: int = 1, maxnreg: int | None = None, pairs: bool = False, ablate: int = 0, int8: bool = False,
-               fp8: bool = False, overlap: bool = False) -> torch.Tensor:
+               fp8: bool = False) -> torch.Tensor:
     """Scores ``[Nq, Nd]`` fp32 of Q ``[Nq, Lq <= 32, 128]`` against a padded layout (``cu``,
     ``group``, ``group_doc``; ``docs``: ``(lo, hi)`` or None, all) through :func:`_pq_lut_gluon_kernel`:
     ``quantize()`` gives the queries (q~ ``[Nq_pad, 32, 128]``, u ``[Nq_pad, 32]``, 32), ``codes``,
-    ``words`` and ``scales`` the kernel's tensors (those a mode does not read: any tensor);
-    ``overlap``: each tile's wgmmas in flight while the tile before it goes through the epilogue."""
+    ``words`` and ``scales`` the kernel's tensors (those a mode does not read: any tensor)."""
     from maxsim.compressed.residual_lut import document_range, run_grid
 
     if Q.shape[1] > 32:
@@ -247,22 +227,22 @@ def run_kernel(Q, layout, quantize, codes, words, scales, *, docs=None, block_to
     _pq_lut_gluon_kernel[(n_runs * (q8.shape[0] // qpb),)](
         codes, cu, q8, qs, words, scales, layout.group_doc, out, Nd, 0 if docs is None else docs[0], docs_per_program,
         n_runs, Nq, M=codes.shape[1], LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group, PAIRS=pairs, ABLATE=ablate,
-        INT8=int8, FP8=fp8, ASYNC=overlap, num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
+        INT8=int8, FP8=fp8, num_warps=4, num_stages=1, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out
 
 
 def gluon_scores(Q, layout, *, q_mask=None, block_tokens: int = 128, waves: int = 8, qpb: int = 1, docs=None,
-                 maxnreg: int | None = None, pairs: bool = False, ablate: int = 0, overlap: bool = False):
+                 maxnreg: int | None = None, pairs: bool = False, ablate: int = 0):
     """:func:`maxsim.compressed.pq_lut.pq_lut_scores` through the Gluon kernel: Q ``[Nq, Lq <= 32,
     128]`` on a Hopper GPU, ``layout`` a :class:`maxsim.compressed.pq_lut.PQLutLayout`; ``maxnreg``
     caps the registers a thread (more programs an SM); ``pairs``: each row pair's max before the
     tile goes through shared memory (half the bytes), two fewer conversions (the sm90 table's
-    choice); ``overlap``: :func:`run_kernel`'s. ``ablate`` (the probe's, meaningless scores): 1 no
-    gather, 2 no document maxima, 3 neither."""
+    choice). ``ablate`` (the probe's, meaningless scores): 1 no gather, 2 no document maxima,
+    3 neither."""
     from maxsim.compressed.pq_lut import prepare_queries
 
     if ablate not in (0, 1, 2, 3):
         raise ValueError(f"ablate must be 0 to 3, got {ablate!r}")
     return run_kernel(Q, layout, lambda: prepare_queries(Q, layout, q_mask=q_mask, qpb=qpb, rows=32), layout.codes,
                       layout.words, layout.words, docs=docs, block_tokens=block_tokens, waves=waves, qpb=qpb,
-                      maxnreg=maxnreg, pairs=pairs, ablate=ablate, overlap=overlap)
+                      maxnreg=maxnreg, pairs=pairs, ablate=ablate)

@@ -24,7 +24,7 @@ import torch
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 MAGIC_BITS = gl.constexpr(0x4B400000)  # bits of 1.5 * 2**23 (see residual_lut)
 MAGIC = gl.constexpr(12582912.0)
@@ -119,7 +119,7 @@ def _residual_lut_gluon_kernel(
     Nd, doc_base, num_centroids, docs_per_program, n_runs,
     Nq, NBITS: gl.constexpr, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
     ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr, PAIRS: gl.constexpr,
-    ABLATE: gl.constexpr, ASYNC: gl.constexpr,
+    ABLATE: gl.constexpr,
 ):
     """QPB queries (N = QPB * LQ columns of the MMA) against a run of whole documents; out [Nq, Nd]
     fp32 (pre-zeroed: empty documents keep 0). Arguments as ``residual_lut._residual_lut_kernel``'s
@@ -169,37 +169,18 @@ def _residual_lut_gluon_kernel(
     w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ, ABLATE)
     # Two tiles an iteration, their buffers swapping roles (no register copies): tile A is scored
     # while B's bytes arrive, then B while the next A's arrive. A pair may run one tile past the
-    # run: its groups lie outside [t_lo, t_hi) and change nothing. ASYNC: each tile's wgmmas are
-    # in flight while the tile before it goes through the epilogue.
-    if ASYNC:
-        acc_a = _tile_products(w0, w1, q_smem, BT, N, ASM0, ASM1, ASM2, ASM3, mma, a_op, ABLATE, False)
-        for t0 in range(t_lo, t_hi, 2 * BT):
-            n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ,
-                                              ABLATE)
-            pending = _tile_products(n0, n1, q_smem, BT, N, ASM0, ASM1, ASM2, ASM3, mma, a_op, ABLATE, True)
-            b_carry, carry_doc = _tile_scores(acc_a, b_tab, b_inv, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
-                                              t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, strips, cols, rows,
-                                              PAIRS, ABLATE)
-            w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS,
-                                              LQ, ABLATE)
-            acc_b = warpgroup_mma_wait(0, deps=[pending])
-            pending = _tile_products(w0, w1, q_smem, BT, N, ASM0, ASM1, ASM2, ASM3, mma, a_op, ABLATE, True)
-            b_carry, carry_doc = _tile_scores(acc_b, n_tab, n_inv, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
-                                              doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, strips,
-                                              cols, rows, PAIRS, ABLATE)
-            acc_a = warpgroup_mma_wait(0, deps=[pending])
-    else:
-        for t0 in range(t_lo, t_hi, 2 * BT):
-            n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ,
-                                              ABLATE)
-            b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
-                                             doc_base, t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0,
-                                             ASM1, ASM2, ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
-            w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS,
-                                              LQ, ABLATE)
-            b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
-                                             doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G,
-                                             ASM0, ASM1, ASM2, ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
+    # run: its groups lie outside [t_lo, t_hi) and change nothing.
+    for t0 in range(t_lo, t_hi, 2 * BT):
+        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ,
+                                          ABLATE)
+        b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
+                                         doc_base, t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0,
+                                         ASM1, ASM2, ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
+        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS,
+                                          LQ, ABLATE)
+        b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
+                                         doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G,
+                                         ASM0, ASM1, ASM2, ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
     if ABLATE % 4 >= 2:  # keeps the ablated walk's work alive
         o_c = gl.arange(0, N, gl.SliceLayout(0, cols))
         gl.store(out_ptr + o_c, b_carry, mask=o_c < Nd)
@@ -224,7 +205,7 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
                 ABLATE: gl.constexpr):
     """Scores tile t0 (its code words w0 / w1, table rows, inverse norms): its products, then
     :func:`_tile_scores`."""
-    acc = _tile_products(w0, w1, q_smem, BT, QPB * LQ, ASM0, ASM1, ASM2, ASM3, mma, a_op, ABLATE, False)
+    acc = _tile_products(w0, w1, q_smem, BT, QPB * LQ, ASM0, ASM1, ASM2, ASM3, mma, a_op, ABLATE)
     return _tile_scores(acc, b_tab, b_inv, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
                         b_carry, carry_doc, LQ, QPB, BT, G, strips, cols, rows, PAIRS, ABLATE)
 
@@ -232,14 +213,13 @@ def _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0,
 @gluon.jit
 def _tile_products(w0, w1, q_smem, BT: gl.constexpr, N: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr,
                    ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr,
-                   ABLATE: gl.constexpr, ASYNC: gl.constexpr):
-    """A tile's int32 products [BT, N] (biased by MAGIC_BITS) from its code words w0 / w1; ASYNC:
-    the wgmmas left in flight (a token for ``warpgroup_mma_wait``)."""
+                   ABLATE: gl.constexpr):
+    """A tile's int32 products [BT, N] (biased by MAGIC_BITS) from its code words w0 / w1."""
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
-    acc = warpgroup_mma(_expand(w0, ASM0, a_op, ABLATE), q_smem.index(0).permute((1, 0)), acc, is_async=ASYNC)
-    acc = warpgroup_mma(_expand(w0, ASM1, a_op, ABLATE), q_smem.index(1).permute((1, 0)), acc, is_async=ASYNC)
-    acc = warpgroup_mma(_expand(w1, ASM2, a_op, ABLATE), q_smem.index(2).permute((1, 0)), acc, is_async=ASYNC)
-    acc = warpgroup_mma(_expand(w1, ASM3, a_op, ABLATE), q_smem.index(3).permute((1, 0)), acc, is_async=ASYNC)
+    acc = warpgroup_mma(_expand(w0, ASM0, a_op, ABLATE), q_smem.index(0).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w0, ASM1, a_op, ABLATE), q_smem.index(1).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w1, ASM2, a_op, ABLATE), q_smem.index(2).permute((1, 0)), acc)
+    acc = warpgroup_mma(_expand(w1, ASM3, a_op, ABLATE), q_smem.index(3).permute((1, 0)), acc)
     return acc
 
 
@@ -326,14 +306,12 @@ def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
 
 
 def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False, ablate: int = 0,
-                 overlap: bool = False):
+                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False, ablate: int = 0):
     """:func:`maxsim.compressed.residual_lut.lut_scores` through the Gluon kernel: Q ``[Nq, Lq <=
     32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all);
     ``pairs``: the row-pair epilogue (:func:`document_maxima`; the sm90 table's choice from four
     queries a program). ``ablate`` (the probe's, meaningless scores; a sum of): 1 no table rows,
-    2 no document maxima, 4 no expansion of the codes. ``overlap``: each tile's wgmmas in flight
-    while the tile before it goes through the epilogue."""
+    2 no document maxima, 4 no expansion of the codes."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
     from maxsim.tuning import multiprocessors
 
@@ -358,6 +336,6 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
         layout.codes, layout.cid, layout.inv_norm, layout.cu[lo:hi + 1], q8, qs, tab, layout.group_doc, out,
         Nd, lo, centroids.shape[0], docs_per_program, n_runs,
         Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
-        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], PAIRS=pairs, ABLATE=ablate, ASYNC=overlap, num_warps=4,
+        ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], PAIRS=pairs, ABLATE=ablate, num_warps=4,
         num_stages=num_stages)
     return out

@@ -229,7 +229,7 @@ def lookup_scores(Q, q_mask, layout, codec, choice, docs=None):
         from .residual_gluon import gluon_scores
 
         return gluon_scores(Q, layout, centroids, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"],
-                            qpb=cfg["qpb"], pairs=cfg.get("pairs", False), overlap=cfg.get("overlap", False), docs=docs)
+                            qpb=cfg["qpb"], pairs=cfg.get("pairs", False), docs=docs)
     from .residual_lut import lut_scores
 
     return lut_scores(Q, layout, centroids, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],
@@ -251,8 +251,7 @@ def pq_lookup_scores(Q, q_mask, layout, choice, docs=None):
         from .pq_gluon import gluon_scores
 
         return gluon_scores(Q, layout, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"], qpb=cfg["qpb"],
-                            maxnreg=cfg.get("maxnreg"), pairs=cfg.get("pairs", False),
-                            overlap=cfg.get("overlap", False), docs=docs)
+                            maxnreg=cfg.get("maxnreg"), pairs=cfg.get("pairs", False), docs=docs)
     from .pq_lut import pq_lut_scores
 
     return pq_lut_scores(Q, layout, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],
