@@ -67,7 +67,7 @@ for step in "$@"; do
             left=$(( 580 - $(date +%s) + t0 ))
             python3 benchmarks/headline_bench.py --docs "${REAL_DOCS:-1000000}" --passages real:/tmp/real \
               --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines "${REAL_ENGINES-fast-plaid}" --refine float16 \
-              --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" \
+              --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" ${REAL_ARGS:-} \
               --out "$OUT/headline-real.json" 2>&1 | tee "$OUT/headline-real.log" | tail -12 ) || status=1 ;;
     # The search server under load (issue 55 point 3): SERVE_DOCS passages (default 1M), 64 concurrent
     # single-query clients, beside a direct Corpus.search. Wants .whl-serve/ (benchmarks/serve_wheels.sh).
@@ -99,11 +99,12 @@ for step in "$@"; do
                 --refine-factors "${HEADLINE_FACTORS:-8,16}" --deadline-s "${HEADLINE_DEADLINE:-520}" \
                 --out "$OUT/headline.json" 2>&1 | tee "$OUT/headline.log" | tail -20 || status=1 ;;
     # Issue 54 point 5: 10M passages (640M tokens) on one GPU, H10M_ENCODINGS (default pq32) refined
-    # from int8 tokens in pinned host memory (84 GB; fp16 would be 164), H10M_REFINE='' for none.
+    # from int8 tokens in pinned host memory (84 GB; fp16 would be 164), H10M_REFINE='' for none;
+    # residual2:plaid searches through maxsim.index.from_corpus (H10M_ARGS, e.g. "--plaid-args ncells=2").
     headline10m) refine="${H10M_REFINE-int8}"
                  timeout "${H10M_TIMEOUT:-585}" python3 benchmarks/headline_bench.py --docs 10000000 \
                    --encodings "${H10M_ENCODINGS:-pq32}" --engines '' ${refine:+--refine "$refine"} \
-                   --refine-factors "${H10M_FACTORS:-8}" --deadline-s 400 --timeout 570 \
+                   --refine-factors "${H10M_FACTORS:-8}" --deadline-s 400 --timeout 570 ${H10M_ARGS:-} \
                    --out "$OUT/headline10m.json" 2>&1 | tee "$OUT/headline10m.log" | tail -20 || status=1 ;;
     # Streaming from pinned host memory and a memory-mapped file, and GPU memory at 1x/2x/4x
     # (benchmarks/search_bench.py; 8 GB corpus, a few minutes).

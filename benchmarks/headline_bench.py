@@ -39,7 +39,10 @@ out-of-memory or an unsupported encoding is a row that says so, and the run goes
   encoded bytes plus the build's working memory exceed the free GPU memory is a "does not fit" row
   (no build tried; 10M in float16, 164 GB). Codec training and encoding run with TF32 matmuls
   (``torch.set_float32_matmul_precision("high")``, ``--no-build-tf32`` to keep fp32; colbert-ai's
-  GPU indexer uses fp16); search runs at the default ("highest").
+  GPU indexer uses fp16); search runs at the default ("highest"). ``residual2:plaid`` (or 4): the
+  same corpus searched through ``maxsim.index.from_corpus`` (PLAID's candidate generation with
+  ``--plaid-settings``, fast-plaid's by default) instead of exhaustively; its build column adds
+  the lists' build (``index_s``).
 * one row per ``--engines`` (up to ``--engine-max-docs``, 1M; a package that is missing is a "not
   installed" row that says what installs it), the whole corpus handed over at once in the form its
   package takes, with its own calls and defaults (benchmarks/_engines.py says which and where they
@@ -280,9 +283,14 @@ def _stage(encoding: str, what: str, since: float) -> None:
 
 
 def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> dict:
-    """Build a Corpus of ``encoding`` slice by slice, time its search, check its recall."""
+    """Build a Corpus of ``encoding`` slice by slice, time its search, check its recall.
+    "residual<n>:plaid": the same corpus searched through ``maxsim.index.from_corpus`` (PLAID's
+    candidate generation, ``--plaid-settings``) instead of exhaustively."""
     import maxsim
 
+    encoding, _, first_stage = encoding.partition(":")
+    if first_stage not in ("", "plaid") or (first_stage and not encoding.startswith("residual")):
+        raise ValueError(f"unknown first stage {first_stage!r} for {encoding}: only residual<n>:plaid")
     device = _setup(options)
     truth = _load_truth(folder, num_docs)
     gen = _passages(num_docs, options, device)
@@ -339,9 +347,22 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         row["peak_build_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         torch.cuda.reset_peak_memory_stats(device)
     Q = queries.to(device)
+    searcher, settings = corpus, {}
+    if first_stage == "plaid":  # the codes shared (one segment) or joined, the lists built on the device
+        t0 = time.perf_counter()
+        searcher = maxsim.index.from_corpus(corpus)
+        _sync(device)
+        row.update(index_s=time.perf_counter() - t0, ivf_gb=searcher.ivf.numel() * searcher.ivf.element_size() / 1e9)
+        row["build_s"] += row["index_s"]
+        row["resident_gb"] += row["ivf_gb"]
+        del corpus  # the joined codes replace the segments
+        settings = dict(options["plaid_settings"])
+        _stage(f"{encoding}:plaid", f"index built ({row['index_s']:.1f} s)", t_cell)
+    else:
+        settings = dict(progress=False)
 
     def search(q):
-        return corpus.search(q, K, progress=False).indices
+        return searcher.search(q, K, **settings).indices
 
     t_first = time.perf_counter()
     search(Q[:1])  # the first search (a residual corpus builds its look-up layout here)
@@ -361,7 +382,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
                              build_s=refine_s, factors={})
         for factor in options["refine_factors"]:
             def refined(q, factor=factor):
-                return corpus.search(q, K, progress=False, refine=full, refine_factor=factor).indices
+                return searcher.search(q, K, refine=full, refine_factor=factor, **settings).indices
 
             t_first = time.perf_counter()
             refined(Q[:1])
@@ -429,6 +450,17 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
 
 
 # ---------------------------------------------------------------------- parent
+def _plaid_args(text: str) -> dict:
+    """``ncells=2,ndocs=1024,centroid_score_threshold=0.45`` -> keyword arguments of index.search."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in ("ncells", "ndocs", "centroid_score_threshold") or not value:
+            raise SystemExit(f"--plaid-args: {item!r} is not ncells=, ndocs= or centroid_score_threshold=")
+        out[key] = None if value.lower() == "none" else float(value) if key == "centroid_score_threshold" else int(value)
+    return out
+
+
 def format_row(r: dict, batch: int) -> str:
     def cell(key, spec):
         return "-" if r.get(key) is None else format(r[key], spec)
@@ -479,6 +511,11 @@ def main() -> None:
                     help="also time each residual / PQ corpus refined from this encoding's tokens (float16, int8) "
                          "held in pinned host memory: Corpus.search(..., refine=, refine_factor=)")
     ap.add_argument("--refine-factors", default="4", help="comma-separated refine factors (candidates = k x factor)")
+    ap.add_argument("--plaid-settings", default="fast-plaid", choices=("fast-plaid", "colbert"),
+                    help="the search settings of residual<n>:plaid cells (maxsim.index's named settings)")
+    ap.add_argument("--plaid-args", default="",
+                    help="overrides of those settings, e.g. ncells=2,ndocs=1024,centroid_score_threshold=0.45 "
+                         "(none turns the threshold off)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
     ap.add_argument("--cpu-threads", type=int, default=0, help="torch threads of each CPU cell (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
@@ -497,7 +534,8 @@ def main() -> None:
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
-                   refine=args.refine, refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
+                   refine=args.refine, plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
+                   refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]

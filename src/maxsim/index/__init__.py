@@ -1,6 +1,7 @@
 """Read PLAID indexes (colbert-ai folders, fast-plaid / PyLate folders) and search them.
 
     index = maxsim.index.load("path/to/index")            # format detected from the files
+    index = maxsim.index.from_corpus(residual_corpus)      # or from a residual maxsim.Corpus
     scores, pids, _ = index.search(Q, k=10)                 # Q [Lq, d] or [Nq, Lq, d]
 """
 
@@ -18,10 +19,13 @@ class PlaidIndex:
 
     codes [T] int (int32 from colbert-ai, int64 from fast-plaid), residuals [T, packed_dim] uint8,
     doc_lengths [Nd] int64, cu_seqlens [Nd + 1] int64, ivf [sum(ivf_lengths)] int64 pids sorted
-    per centroid, ivf_lengths [C] int64. Large tensors are memory-mapped where the format allows.
+    per centroid (int32 from :func:`from_corpus`), ivf_lengths [C] int64. Large tensors are
+    memory-mapped where the format allows. ``ids``: the passage ids a result carries (an int array
+    or a list, as a ``maxsim.Corpus`` holds them); None: the positions.
     """
 
-    def __init__(self, *, format, path, codec, codes, residuals, doc_lengths, ivf, ivf_lengths, metadata=None):
+    def __init__(self, *, format, path, codec, codes, residuals, doc_lengths, ivf, ivf_lengths, metadata=None,
+                 ids=None):
         self.format = format
         self.path = path
         self.codec = codec
@@ -35,6 +39,7 @@ class PlaidIndex:
         self.ivf_offsets = torch.zeros(ivf_lengths.numel() + 1, dtype=torch.int64, device=ivf_lengths.device)
         torch.cumsum(ivf_lengths, 0, out=self.ivf_offsets[1:])
         self.metadata = metadata or {}
+        self.ids = ids
 
     def __len__(self):
         return self.doc_lengths.numel()
@@ -52,7 +57,7 @@ class PlaidIndex:
         return PlaidIndex(
             format=self.format, path=self.path, codec=self.codec.to(device), codes=self.codes.to(device),
             residuals=self.residuals.to(device), doc_lengths=self.doc_lengths.to(device),
-            ivf=self.ivf.to(device), ivf_lengths=self.ivf_lengths.to(device), metadata=self.metadata)
+            ivf=self.ivf.to(device), ivf_lengths=self.ivf_lengths.to(device), metadata=self.metadata, ids=self.ids)
 
     def __repr__(self):
         return (f"PlaidIndex(format={self.format!r}, documents={len(self)}, embeddings={self.num_embeddings}, "
@@ -61,7 +66,7 @@ class PlaidIndex:
     def search(self, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_factor=4, ncells=None,
                centroid_score_threshold="default", ndocs=None, settings="colbert", decode_dtype=None):
         """PLAID search -> ``SearchResult(scores [Nq, k] fp32, indices [Nq, k] int64, ids)`` (the ids
-        are the passage ids); a 2-D Q gives [k] each. ``q_mask``, ``subset`` (passage ids) and
+        are the passage ids: ``ids`` where the index has them, else the positions); a 2-D Q gives [k] each. ``q_mask``, ``subset`` (passage ids) and
         ``refine`` (a Corpus of the same documents) mean what they mean in ``Corpus.search``.
 
         settings="colbert" (default): colbert-ai's defaults by k; "fast-plaid": 8 cells, 4096
@@ -134,4 +139,12 @@ def check_consistency(index: PlaidIndex, files: dict) -> None:
             raise ValueError(f"{files['ivf']} holds pids in [{lo}, {hi}], the index has {len(index)} documents")
 
 
-__all__ = ["PlaidIndex", "load", "detect_format", "ResidualCodec"]
+def from_corpus(corpus, *, device=None) -> PlaidIndex:
+    """A PLAID index over a residual ``maxsim.Corpus``: its codes and codec as they are, the
+    centroid -> passage lists built on ``device`` (:func:`maxsim.index.ivf.from_corpus`)."""
+    from .ivf import from_corpus as build
+
+    return build(corpus, device=device)
+
+
+__all__ = ["PlaidIndex", "load", "from_corpus", "detect_format", "ResidualCodec"]

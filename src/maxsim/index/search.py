@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from maxsim._results import SearchResult, check_refine_factor
+from maxsim.search.changes import ids_at
 from maxsim.varlen.ops import score_pairs_packed
 
 from ..compressed._inputs import check_q_mask
@@ -268,9 +269,10 @@ def search(index, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_fact
                                              allowed)
     if refine is not None:
         out_scores, out_pids, _ = refine.rerank(Q, out_pids, k, q_mask=real, device=Q.device)
+    ids = out_pids.cpu() if index.ids is None else ids_at(index.ids, out_pids.cpu().numpy())
     if single:
-        out_scores, out_pids = out_scores[0], out_pids[0]
-    return SearchResult(out_scores, out_pids, out_pids.cpu())
+        out_scores, out_pids, ids = out_scores[0], out_pids[0], ids[0]
+    return SearchResult(out_scores, out_pids, ids)
 
 
 def _check_refine(index, refine, refine_factor) -> int:

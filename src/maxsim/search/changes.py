@@ -30,6 +30,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from maxsim.search import format as corpus_format
 
@@ -103,6 +104,17 @@ class IdIndex:
                     which.append(i)
                     positions.append(p)
         return np.asarray(which, dtype=np.int64), np.asarray(positions, dtype=np.int64)
+
+
+def ids_at(ids, positions: np.ndarray):
+    """The ids (an int array or a list) at ``positions [Nq, k]`` (into ``ids``); position -1 (no
+    answer) has id -1 (int ids, an int64 tensor) or None (str ids, lists)."""
+    found = positions >= 0
+    local = np.where(found, positions, 0)
+    if isinstance(ids, np.ndarray):
+        picked = ids[local] if len(ids) else np.zeros(local.shape, dtype=np.int64)
+        return torch.from_numpy(np.where(found, picked, -1))
+    return [[ids[j] if f else None for f, j in zip(frow, row)] for frow, row in zip(found.tolist(), local.tolist())]
 
 
 def live_ids(ids, deleted: np.ndarray | None):

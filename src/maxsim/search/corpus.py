@@ -938,13 +938,7 @@ class Corpus:
         """Ids of corpus positions ``indices [Nq, k]`` (global when this is a shard); position -1
         (no answer) has id -1 (int ids) or None (str ids)."""
         positions = indices.cpu().numpy()
-        found = positions >= 0
-        local = np.where(found, positions - self.base_index, 0)
-        if isinstance(self.ids, np.ndarray):
-            ids = self.ids[local] if len(self.ids) else np.zeros(local.shape, dtype=np.int64)
-            return torch.from_numpy(np.where(found, ids, -1))
-        return [[self.ids[j] if f else None for f, j in zip(frow, row)]
-                for frow, row in zip(found.tolist(), local.tolist())]
+        return changes.ids_at(self.ids, np.where(positions >= 0, positions - self.base_index, -1))
 
     def search(self, Q, k: int, *, q_mask=None, subset=None, refine=None, refine_factor: int = 4,
                batch_size: int | None = None, gpu_memory: int | None = None, progress: bool | None = None,

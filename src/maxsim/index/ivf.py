@@ -1,0 +1,73 @@
+"""A PLAID index from a residual ``maxsim.Corpus``: its codes, residuals and codec as they are, and
+the centroid -> passage inverted lists (IVF) PLAID's candidate generation reads, built here.
+
+    index = maxsim.index.from_corpus(corpus)        # corpus: encoding "residual2" / "residual4"
+    result = index.search(Q, 10, refine=fp16_or_int8_corpus, refine_factor=8)
+
+The exhaustive ``Corpus.search`` reads every code; the index reads the passages of the cells
+nearest each query token, which is what keeps a search fast past ~10M passages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Tokens whose (centroid, passage) keys are deduplicated at once: bounds the int64 keys and the
+# sort's scratch (about 40 bytes a token) while the lists are built.
+_KEY_BLOCK = 1 << 25
+
+
+def build_ivf(codes: torch.Tensor, doc_lengths: torch.Tensor, num_centroids: int):
+    """(ivf [n] int32 passage positions, ivf_lengths [C] int64): for each centroid, every passage
+    holding a token of that code, once, in increasing order (the lists back to back). codes [T]
+    int32 / int64, doc_lengths [Nd] int64, on one device (the work runs there)."""
+    num_docs, total = doc_lengths.numel(), codes.numel()
+    device = codes.device
+    if total != int(doc_lengths.sum()):
+        raise ValueError(f"{total} codes, but the document lengths add up to {int(doc_lengths.sum())}")
+    cu = torch.zeros(num_docs + 1, dtype=torch.int64, device=device)
+    torch.cumsum(doc_lengths.to(device), 0, out=cu[1:])
+    keys = []
+    for start in range(0, total, _KEY_BLOCK):
+        token = torch.arange(start, min(total, start + _KEY_BLOCK), device=device)  # [b]
+        passage = torch.searchsorted(cu, token, right=True) - 1  # [b]: empty passages own no token
+        keys.append(torch.unique(codes[start:start + _KEY_BLOCK].long() * num_docs + passage))
+    keys = torch.unique(torch.cat(keys)) if keys else torch.zeros(0, dtype=torch.int64, device=device)  # sorted
+    ivf_lengths = torch.bincount(keys // max(num_docs, 1), minlength=num_centroids)
+    return (keys % max(num_docs, 1)).to(torch.int32), ivf_lengths
+
+
+def from_corpus(corpus, *, device=None):
+    """A :class:`maxsim.index.PlaidIndex` over a residual ``maxsim.Corpus`` (encoding "residual2"
+    or "residual4"): the corpus's codec, codes [T] int32 and residuals [T, d * nbits / 8] uint8
+    (shared, not copied, when the corpus has one segment), its document lengths, and the IVF
+    built by :func:`build_ivf` on ``device`` (default: where the codes are; the index lives
+    there). Results carry the corpus's ids. A corpus with deleted documents must be compacted
+    first (``corpus.compact()``)."""
+    from maxsim.search.encodings import Residual
+
+    from . import PlaidIndex
+
+    encoding = corpus.encoding
+    if not isinstance(encoding, Residual):
+        raise ValueError(f"maxsim.index.from_corpus needs a residual corpus, this one is {encoding}: build it with "
+                         "encoding='residual2' or 'residual4'")
+    if corpus.num_deleted:
+        raise ValueError(f"the corpus has {corpus.num_deleted} deleted documents: corpus.compact() them away "
+                         "before building an index")
+    segments = corpus.segments
+    target = torch.device(device) if device is not None else segments[0].embeddings.device
+    codes = [s.embeddings for s in segments]  # [T_i] int32
+    residuals = [s.residuals for s in segments]  # [T_i, P] uint8
+    codes = codes[0].to(target) if len(codes) == 1 else torch.cat([c.to(target) for c in codes])
+    residuals = residuals[0].to(target) if len(residuals) == 1 else torch.cat([r.to(target) for r in residuals])
+    doc_lengths = torch.from_numpy(np.diff(corpus.offsets)).to(target)  # [Nd] int64
+    codec = corpus.codec.to(target)
+    ivf, ivf_lengths = build_ivf(codes, doc_lengths, codec.num_centroids)
+    return PlaidIndex(format="corpus", path=corpus.path, codec=codec, codes=codes, residuals=residuals,
+                      doc_lengths=doc_lengths, ivf=ivf, ivf_lengths=ivf_lengths, ids=corpus.ids,
+                      metadata={"encoding": str(encoding)})
+
+
+__all__ = ["build_ivf", "from_corpus"]
