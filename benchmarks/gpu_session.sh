@@ -100,7 +100,8 @@ for step in "$@"; do
                 --out "$OUT/headline.json" 2>&1 | tee "$OUT/headline.log" | tail -20 || status=1 ;;
     # Issue 54 point 5: 10M passages (640M tokens) on one GPU, H10M_ENCODINGS (default pq32) refined
     # from int8 tokens in pinned host memory (84 GB; fp16 would be 164), H10M_REFINE='' for none;
-    # residual2:plaid searches through maxsim.index.from_corpus (H10M_ARGS, e.g. "--plaid-args ncells=2").
+    # residual2:plaid searches through maxsim.index.from_corpus (H10M_ARGS, e.g. "--plaid-args ncells=2");
+    # H10M_ARGS=--lookup-only keeps the codes on the host, only the look-up layouts on the GPU (residual4).
     headline10m) refine="${H10M_REFINE-int8}"
                  timeout "${H10M_TIMEOUT:-585}" python3 benchmarks/headline_bench.py --docs 10000000 \
                    --encodings "${H10M_ENCODINGS:-pq32}" --engines '' ${refine:+--refine "$refine"} \

@@ -307,6 +307,10 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         return dict(row, note=f"does not fit ({resident / 1e9:.0f} GB + {working / 1e9:.0f} GB to build > "
                               f"{free / 1e9:.0f} GB free; ~{fits / 1e6:.1f}M passages would)")
     refine_encoding = options.get("refine") if encoding.startswith(("residual", "pq")) else None
+    # --lookup-only: the codes in pinned host memory, only the look-up layouts on the GPU
+    lookup_only = options.get("lookup_only") and encoding.startswith(("residual", "pq")) and device.type == "cuda" \
+        and not first_stage
+    device_codec = None
     corpus, build_s, generate_s, refine_slices, refine_s = None, 0.0, 0.0, [], 0.0
     t_cell = time.perf_counter()
     previous = torch.get_float32_matmul_precision()
@@ -320,6 +324,12 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         try:
             if corpus is None:
                 corpus = maxsim.Corpus.from_packed(tokens, offsets, encoding=encoding)
+                if lookup_only:  # the codes go to pinned host memory slice by slice
+                    device_codec, corpus = corpus.codec, corpus.pin_memory()
+            elif lookup_only:
+                piece = maxsim.Corpus.from_packed(tokens, offsets, encoding=encoding, codec=device_codec).pin_memory()
+                corpus.append(piece, ids=np.arange(len(corpus), len(corpus) + len(piece)))
+                del piece
             else:
                 corpus.append((tokens, offsets))
             _sync(device)
@@ -334,12 +344,22 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         del tokens
         t_gen = time.perf_counter()
     _stage(encoding, f"built (codes {build_s:.1f} s, refine tokens {refine_s:.1f} s)", t_cell)
+    if lookup_only:
+        t0 = time.perf_counter()
+        corpus = corpus.to(device, lookup_only=True)
+        _sync(device)
+        row["layout_s"] = time.perf_counter() - t0
+        row["host_codes_gb"] = sum(t.numel() * t.element_size() for s in corpus.segments for t in s.parts()) / 1e9
+        _stage(encoding, f"layouts on the GPU, codes on the host ({row['layout_s']:.1f} s)", t_cell)
     queries, _ = gen.queries()
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's: the generator is not deterministic")
     parts = [t for s in corpus.segments for t in s.parts()]
     codec = getattr(corpus, "codec", None)  # a residual / PQ corpus's tables (centroids, codebooks)
     parts += [t for t in vars(codec).values() if torch.is_tensor(t)] if codec is not None else []
+    if lookup_only:  # what the GPU holds: the layouts (the codes are on the host)
+        parts = [t for t in parts if t.device.type == "cuda"]
+        parts += [t for s in corpus.segments for t in vars(s.lookup_on(device)).values() if torch.is_tensor(t)]
     row.update(resident_gb=sum(t.numel() * t.element_size() for t in parts) / 1e9, build_s=build_s,
                generate_s=generate_s, segments=len(corpus.segments), slice_docs=slice_docs,
                bytes_per_token=float(getattr(corpus, "bytes_per_token", row["bytes_per_token"])))
@@ -511,6 +531,9 @@ def main() -> None:
                     help="also time each residual / PQ corpus refined from this encoding's tokens (float16, int8) "
                          "held in pinned host memory: Corpus.search(..., refine=, refine_factor=)")
     ap.add_argument("--refine-factors", default="4", help="comma-separated refine factors (candidates = k x factor)")
+    ap.add_argument("--lookup-only", action="store_true",
+                    help="residual / PQ cells: the codes in pinned host memory, only the look-up layouts on the GPU "
+                         "(Corpus.to(device, lookup_only=True)): corpora whose codes and layout do not both fit")
     ap.add_argument("--plaid-settings", default="fast-plaid", choices=("fast-plaid", "colbert"),
                     help="the search settings of residual<n>:plaid cells (maxsim.index's named settings)")
     ap.add_argument("--plaid-args", default="",
@@ -534,7 +557,7 @@ def main() -> None:
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
-                   refine=args.refine, plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
+                   refine=args.refine, lookup_only=args.lookup_only, plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
                    refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

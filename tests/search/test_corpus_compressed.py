@@ -266,6 +266,49 @@ def test_resident_pq_search_scores_with_the_lookup_scorer(monkeypatch):
     torch.testing.assert_close(result.scores.cpu(), exact.scores, atol=0.05, rtol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoding", ["residual2", "residual4", "pq32"])
+@pytest.mark.parametrize("start", ["device", "mmap"])
+def test_gpu_lookup_only_holds_the_layout_alone_and_searches_the_same(tmp_path, encoding, start):
+    """Corpus.to("cuda", lookup_only=True): the codes in host memory (pinned, or the file's
+    mapping), each segment's look-up layout on the GPU; the look-up scorer's batches read the
+    layouts alone and give the resident corpus's answers, batches it cannot serve (queries over 32
+    tokens) stream the codes and give them too."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = unit_docs(g, n=600, d=128, longest=90)
+    codec = ResidualCodec.train(torch.cat(docs), int(encoding[-1]), num_centroids=64) \
+        if encoding.startswith("residual") else make_codec(encoding, docs, g)
+    resident = Corpus.from_list(docs[:350], codec=codec).append(docs[350:]).to("cuda")  # two segments
+    source = resident
+    if start == "mmap":
+        resident.save(tmp_path / "c")
+        source = Corpus.load(tmp_path / "c", mmap=True)
+    held = source.to("cuda", lookup_only=True)
+    assert held.device.type == "cpu" and held.where() == ("mmap" if start == "mmap" else "pinned")
+    assert all(s.lookup_on(torch.device("cuda")) is not None for s in held.segments)
+    queries = [q.cuda() for q in unit_queries(g, [32, 20, 7], d=128)]
+    want = resident.search(queries, 20, progress=False)
+    got = held.search(queries, 20, progress=False)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)
+    long_queries = [q.cuda() for q in unit_queries(g, [40, 33], d=128)]  # not the look-up scorer's
+    want = resident.search(long_queries, 20, progress=False)
+    got = held.search(long_queries, 20, progress=False, gpu_memory=8 << 20)  # streamed, several chunks
+    torch.testing.assert_close(got.scores, want.scores, atol=1e-3, rtol=0)
+    rerank = held.rerank(queries[0], torch.arange(20).cuda(), 5)  # the codes, read from the host
+    torch.testing.assert_close(rerank.scores, resident.rerank(queries[0], torch.arange(20).cuda(), 5).scores,
+                               atol=1e-4, rtol=0)
+
+
+def test_lookup_only_wants_a_coded_corpus_and_a_gpu():
+    g = torch.Generator().manual_seed(3)
+    docs = unit_docs(g, n=20, d=128, longest=10)
+    with pytest.raises(ValueError, match="residual or PQ corpus"):
+        Corpus.from_list(docs, encoding="int8").to("cuda", lookup_only=True)
+    codec = ResidualCodec.train(torch.cat(docs), 2, num_centroids=8)
+    with pytest.raises(ValueError, match="not a GPU"):
+        Corpus.from_list(docs, codec=codec).to("cpu", lookup_only=True)
+
+
 @pytest.mark.parametrize("why", ["too little free memory", "out of memory while building"])
 def test_a_layout_that_does_not_fit_falls_back_to_the_plane_kernel(monkeypatch, why):
     """Where the look-up layout would not fit the device (its bound above the free memory, or an

@@ -114,6 +114,15 @@ class CorpusSegment:
             self._lookup[key] = layout
         return self._lookup[key]
 
+    def lookup_on(self, device: torch.device):
+        """The look-up layout already on ``device`` (``Corpus.to(device, lookup_only=True)`` put it
+        there, or a search built it), else None: nothing is built here."""
+        return self._lookup.get(str(torch.device(device)))
+
+    def keep_lookup(self, device: torch.device, layout) -> None:
+        """Hold ``layout`` as this segment's look-up layout on ``device`` (one device at a time)."""
+        self._lookup = {str(torch.device(device)): layout}
+
     @property
     def longest(self) -> int:
         """Tokens of the longest document (0 when there is none)."""
@@ -548,13 +557,42 @@ class Corpus:
         out._deleted, out._origin, out._id_index = self._deleted, self._origin, self._id_index
         return out
 
-    def to(self, device) -> "Corpus":
+    def to(self, device, *, lookup_only: bool = False) -> "Corpus":
         """A copy on ``device`` (or this corpus when it is there already and not mapped); a residual
-        / PQ corpus's codec moves with it."""
+        / PQ corpus's codec moves with it.
+
+        ``lookup_only=True`` (a residual or PQ corpus, a GPU ``device``): the GPU holds only the
+        look-up scorer's layout, built one segment at a time (that segment's codes on the GPU
+        while it is built); the codes stay in host memory (pinned, or memory-mapped from the
+        corpus file; a GPU corpus's are copied to pinned memory). Returns that host corpus (this
+        one when its codes are in host memory already). For a corpus whose codes and layout do not
+        both fit the GPU: searches the look-up scorer serves read the layout alone; others (d other
+        than 128, queries over 32 tokens), ``rerank``, refine and ``save`` read the codes from the host."""
         device = torch.device(device)
+        if lookup_only:
+            return self._lookup_only(device)
         if device == self.device and not self.is_mapped:
             return self
         return self._map(lambda e: e.to(device, copy=e.device == device), mapped=False, codec_device=device)
+
+    def _lookup_only(self, device: torch.device) -> "Corpus":
+        enc = self.encoding
+        if not enc.has_codec or device.type != "cuda":
+            raise ValueError(f"maxsim: lookup_only=True holds a residual or PQ corpus's look-up layout on a GPU; "
+                             f"{self.name()} is {enc} and {device} is {'a GPU' if device.type == 'cuda' else 'not a GPU'}")
+        host = self if self.device.type == "cpu" else self.pin_memory()
+        codec = _codec_to(self.codec, device)
+        for i, segment in enumerate(host._segments):
+            try:
+                parts = tuple(t.to(device) for t in segment.parts())  # one segment's codes at a time
+                layout = enc.build_lookup(codec, parts, segment.offsets_on(device))
+            except torch.OutOfMemoryError:
+                raise MemoryError(f"maxsim: the look-up layout of segment {i} ({int(segment.embeddings.shape[0])} tokens) does not "
+                                  f"fit {device} beside its codes: free GPU memory, or append the documents in "
+                                  "smaller segments") from None
+            del parts
+            segment.keep_lookup(device, layout)
+        return host
 
     def pin_memory(self) -> "Corpus":
         """A copy in pinned host memory: what streams to the GPU at the full copy rate."""

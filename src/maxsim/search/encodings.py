@@ -266,8 +266,11 @@ class _Coded(Encoding):
 
     def score_chunk(self, batch, queries, chunk, segment, start, stop, token_base, *, device, codec):
         Q, q_mask, choice = batch
-        if choice is not None and segment.embeddings.device == device:
-            layout = segment.lookup_layout(self, codec, device)  # None: it does not fit the device
+        if choice is not None:
+            # where the codes are: built the first time (None: it does not fit); codes held on the
+            # host beside a layout on the device (Corpus.to(..., lookup_only=True)): that layout
+            on_device = segment.embeddings.device == device
+            layout = segment.lookup_layout(self, codec, device) if on_device else segment.lookup_on(device)
             if layout is not None:
                 return self.lookup_scores(Q, q_mask, layout, codec, choice, (start, stop))
         t0, t1 = int(segment.offsets[start]), int(segment.offsets[stop])

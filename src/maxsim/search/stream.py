@@ -166,6 +166,9 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     Nq = cu_q_host.size - 1
 
     streamed = device.type == "cuda" and corpus.device.type == "cpu"
+    # codes on the host, every segment's look-up layout on this GPU (Corpus.to(..., lookup_only=True)):
+    # batches the look-up scorer serves read the layouts alone, nothing streamed
+    layouts = streamed and all(s.lookup_on(device) is not None for s in corpus.segments)
     budget = int(gpu_memory) if gpu_memory is not None else default_budget(device)
     # bytes a token takes in a chunk buffer: its embedding, its one-byte values and fp32 scale, or its codes
     # (and residual bytes)
@@ -173,18 +176,32 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     codec = corpus.codec
     if codec is not None and codec.device != device:  # once per search, not once per chunk
         codec = codec.to(device)
-    plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), token_bytes,
-                 corpus.num_tokens / max(len(corpus), 1), streamed, batch_size)
-    batches = []  # (q_batch, cu_batch, max_q of batch, queries of the batch as [L_i, d] views, RunningTopK)
-    for b0 in range(0, Nq, plan.batch_size):
-        b1 = min(Nq, b0 + plan.batch_size)
-        t0, t1 = int(cu_q_host[b0]), int(cu_q_host[b1])
-        cu_b = torch.from_numpy(cu_q_host[b0:b1 + 1] - t0).to(device)
-        max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
-        # the encoding's form of the batch, built once a search
-        views = encoding.query_batch(q[t0:t1], cu_b, max_b, cu_q_host[b0:b1 + 1] - t0, codec=codec,
-                                     resident=not streamed)
-        batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
+
+    def plan_batches(stream_plan: bool, resident: bool):
+        """The chunk plan (for streaming when ``stream_plan``) and the query batches, each in the
+        encoding's form (``resident``: the look-up scorer's choice where it serves the batch)."""
+        plan = _Plan(budget, Nq, k, q.numel() * q.element_size(), token_bytes,
+                     corpus.num_tokens / max(len(corpus), 1), stream_plan, batch_size)
+        batches = []  # (q_batch, cu_batch, max_q of batch, queries of the batch as [L_i, d] views, RunningTopK)
+        for b0 in range(0, Nq, plan.batch_size):
+            b1 = min(Nq, b0 + plan.batch_size)
+            t0, t1 = int(cu_q_host[b0]), int(cu_q_host[b1])
+            cu_b = torch.from_numpy(cu_q_host[b0:b1 + 1] - t0).to(device)
+            max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
+            # the encoding's form of the batch, built once a search
+            views = encoding.query_batch(q[t0:t1], cu_b, max_b, cu_q_host[b0:b1 + 1] - t0, codec=codec,
+                                         resident=resident)
+            batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
+        return plan, batches
+
+    plan, batches = plan_batches(streamed and not layouts, not streamed or layouts)
+    if layouts and any(views[2] is None for *_, views, _ in batches):
+        # a batch the layouts cannot serve: the codes stream as from any host corpus (the batches
+        # the look-up scorer serves still read the layouts)
+        layouts = False
+        plan, batches = plan_batches(True, True)
+    elif layouts:
+        streamed = False  # no chunk's codes are read: score_chunk scores the layouts
 
     # The work: (segment, start, stop) chunks of every segment.
     max_tokens = plan.max_tokens or max(corpus.num_tokens, 1)
@@ -218,7 +235,9 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         else:
             for segment, start, stop in work:
                 parts = segment.parts()
-                if parts[0].device != device:  # a GPU corpus searched on the CPU (or another GPU)
+                if layouts:
+                    score(None, segment, start, stop, 0)
+                elif parts[0].device != device:  # a GPU corpus searched on the CPU (or another GPU)
                     t0, t1 = int(segment.offsets[start]), int(segment.offsets[stop])
                     score(tuple(p[t0:t1].to(device) for p in parts), segment, start, stop, t0)
                 else:
