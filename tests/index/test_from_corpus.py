@@ -108,7 +108,7 @@ def test_refuses_what_it_cannot_index():
 
 @pytest.mark.gpu
 def test_gpu_index_of_a_corpus_matches_cpu():
-    corpus, x, offsets = _residual_corpus(num_docs=400, dim=128, num_centroids=64)
+    corpus, _, _ = _residual_corpus(num_docs=400, dim=128, num_centroids=64)
     cpu = maxsim.index.from_corpus(corpus)
     gpu = maxsim.index.from_corpus(corpus, device="cuda")
     assert gpu.codes.is_cuda and torch.equal(gpu.ivf.cpu(), cpu.ivf) and torch.equal(gpu.ivf_lengths.cpu(), cpu.ivf_lengths)

@@ -66,8 +66,9 @@ class PlaidIndex:
     def search(self, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_factor=4, ncells=None,
                centroid_score_threshold="default", ndocs=None, settings="colbert", decode_dtype=None):
         """PLAID search -> ``SearchResult(scores [Nq, k] fp32, indices [Nq, k] int64, ids)`` (the ids
-        are the passage ids: ``ids`` where the index has them, else the positions); a 2-D Q gives [k] each. ``q_mask``, ``subset`` (passage ids) and
-        ``refine`` (a Corpus of the same documents) mean what they mean in ``Corpus.search``.
+        are the passage ids: ``ids`` where the index has them, else the positions); a 2-D Q gives
+        [k] each. ``q_mask``, ``subset`` (passage ids) and ``refine`` (a Corpus of the same
+        documents) mean what they mean in ``Corpus.search``.
 
         settings="colbert" (default): colbert-ai's defaults by k; "fast-plaid": 8 cells, 4096
         approximate scores, no threshold. Explicit ncells / centroid_score_threshold (None turns

@@ -567,7 +567,8 @@ class Corpus:
         corpus file; a GPU corpus's are copied to pinned memory). Returns that host corpus (this
         one when its codes are in host memory already). For a corpus whose codes and layout do not
         both fit the GPU: searches the look-up scorer serves read the layout alone; others (d other
-        than 128, queries over 32 tokens), ``rerank``, refine and ``save`` read the codes from the host."""
+        than 128, queries over 32 tokens), ``rerank``, refine and ``save`` read the codes from the
+        host."""
         device = torch.device(device)
         if lookup_only:
             return self._lookup_only(device)
@@ -587,9 +588,10 @@ class Corpus:
                 parts = tuple(t.to(device) for t in segment.parts())  # one segment's codes at a time
                 layout = enc.build_lookup(codec, parts, segment.offsets_on(device))
             except torch.OutOfMemoryError:
-                raise MemoryError(f"maxsim: the look-up layout of segment {i} ({int(segment.embeddings.shape[0])} tokens) does not "
-                                  f"fit {device} beside its codes: free GPU memory, or append the documents in "
-                                  "smaller segments") from None
+                tokens = int(segment.embeddings.shape[0])
+                raise MemoryError(f"maxsim: the look-up layout of segment {i} ({tokens} tokens) does not fit "
+                                  f"{device} beside its codes: free GPU memory, or append the documents in smaller "
+                                  "segments") from None
             del parts
             segment.keep_lookup(device, layout)
         return host
