@@ -80,6 +80,26 @@ def test_index_of_a_corpus_holds_its_codes_and_searches_like_a_loaded_one(segmen
     assert bool((default.indices >= 0).all()) and bool((default.indices != 0).all())  # passage 0 is empty
 
 
+def test_refine_gets_k_times_the_factor_candidates_from_the_default_settings(monkeypatch):
+    # colbert-ai's k-10 defaults keep 64 passages for the exact stage: a search refined x 8 takes the
+    # defaults of k 80 instead, so that the refine corpus sees 80 candidates a query
+    corpus, x, offsets = _residual_corpus(num_docs=400, num_centroids=8)
+    index = maxsim.index.from_corpus(corpus)
+    full = maxsim.Corpus.from_packed(x, offsets)
+    seen = []
+    real_rerank = maxsim.Corpus.rerank
+
+    def spy(self, Q, candidates, k, **kwargs):
+        seen.append(candidates)
+        return real_rerank(self, Q, candidates, k, **kwargs)
+
+    monkeypatch.setattr(maxsim.Corpus, "rerank", spy)
+    Q = torch.nn.functional.normalize(torch.randn(2, 6, 32), dim=-1)
+    got = index.search(Q, 10, refine=full, refine_factor=8)
+    assert seen[0].shape == (2, 80) and bool((seen[0] >= 0).all())
+    assert got.indices.shape == (2, 10)
+
+
 def test_results_carry_the_corpus_ids():
     ids = np.arange(80, dtype=np.int64) * 10 + 7
     corpus, _, _ = _residual_corpus(ids=ids)

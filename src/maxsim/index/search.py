@@ -241,7 +241,8 @@ def search(index, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_fact
     limits the candidates to those documents; ``refine`` (a ``maxsim.Corpus`` of the same
     documents in the same order, float or int8 / fp8) rescores the exact stage's best
     ``k * refine_factor`` passages from its tokens (``Corpus.rerank``). Parameters left unset take
-    the named ``settings``: "colbert" = colbert-ai's defaults by k (ncells 1/2/4, threshold
+    the named ``settings``: "colbert" = colbert-ai's defaults by k (by ``k * refine_factor`` with
+    ``refine``, the candidates the first stage hands on) (ncells 1/2/4, threshold
     0.5/0.45/0.4, ndocs 256/1024/max(4k, 4096)); "fast-plaid" = 8 cells, 4096 approximate scores,
     no threshold. decode_dtype: fp32 (colbert-ai's CPU decode; the default for colbert-ai indexes
     on the CPU) or fp16 (colbert-ai's CUDA decode and fast-plaid's; the default otherwise).
@@ -249,7 +250,9 @@ def search(index, Q, k=10, *, q_mask=None, subset=None, refine=None, refine_fact
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     factor = _check_refine(index, refine, refine_factor)
-    ncells, threshold, ndocs = resolve_settings(k, settings, ncells, centroid_score_threshold, ndocs)
+    # the named settings for the candidates the first stage must hand on (k x refine_factor), so
+    # that its exact stage keeps at least that many (colbert-ai's k-10 defaults keep 64)
+    ncells, threshold, ndocs = resolve_settings(k * factor, settings, ncells, centroid_score_threshold, ndocs)
     if not torch.is_tensor(Q) or not Q.is_floating_point() or Q.dim() not in (2, 3) \
             or Q.shape[-1] != index.codec.dim:
         raise ValueError(f"Q must be a floating-point tensor [Nq, Lq, {index.codec.dim}] or "
