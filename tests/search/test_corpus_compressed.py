@@ -627,6 +627,41 @@ def test_cli_index_residual2_then_search(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_cli_plaid_search_of_a_residual_corpus(tmp_path, capsys):
+    """search --corpus C --plaid: PLAID's candidate generation over the corpus's codes, refined
+    from the float16 tokens stored beside them to the exact top-k; --plaid and --load lookup say
+    in one line what they cannot hold."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = unit_docs(g, n=120)
+    queries = unit_queries(g, (5, 4, 6))
+    np.save(tmp_path / "docs.npy", torch.cat(docs).numpy())
+    np.save(tmp_path / "lengths.npy", np.array([x.shape[0] for x in docs]))
+    (tmp_path / "ids.txt").write_text("".join(f"p{j}\n" for j in range(120)))
+    torch.save({"embeddings": queries}, tmp_path / "queries.pt")
+    out = str(tmp_path / "c")
+    assert run_command(["index", "--out", out, "--encoding", "residual2", "--num-centroids", "8", "--device", "cpu",
+                        "--refine", "float16", str(tmp_path / "docs.npy"), "--lengths", str(tmp_path / "lengths.npy"),
+                        "--ids", str(tmp_path / "ids.txt"), "--quiet"]) == 0
+    assert run_command(["search", "--corpus", out, "--plaid", "--refine", "--refine-factor", "40", "--queries",
+                        str(tmp_path / "queries.pt"), "-k", "3", "--out", str(tmp_path / "run.jsonl"),
+                        "--no-progress", "--device", "cpu"]) == 0
+    assert "PLAID over a residual2 corpus" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    exact = Corpus.from_list(docs, ids=[f"p{j}" for j in range(120)]).search(queries, 3, device="cpu")
+    assert [r["docids"] for r in rows] == exact.ids
+    torch.testing.assert_close(torch.tensor([r["scores"] for r in rows]), exact.scores, atol=1e-3, rtol=0)
+    int8 = str(tmp_path / "c8")
+    assert run_command(["index", "--out", int8, "--encoding", "int8", str(tmp_path / "docs.npy"), "--lengths",
+                        str(tmp_path / "lengths.npy"), "--quiet"]) == 0
+    search = ["search", "--queries", str(tmp_path / "queries.pt"), "--out", str(tmp_path / "x.jsonl"), "--quiet",
+              "--device", "cpu"]
+    assert run_command(search + ["--corpus", int8, "--plaid"]) == 2
+    assert "--plaid needs a residual corpus" in capsys.readouterr().err
+    assert run_command(search + ["--corpus", out, "--load", "lookup"]) == 2
+    assert "look-up layouts on a GPU" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
 def test_cli_encoding_names(tmp_path, capsys):
     np.save(tmp_path / "docs.npy", np.zeros((300, D), np.float32))
     np.save(tmp_path / "lengths.npy", np.full(30, 10))

@@ -407,8 +407,13 @@ def add_search_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="queries scored together against each corpus chunk")
     p.add_argument("--gpu-memory", type=_parse_bytes, help="device memory budget, e.g. 2GB (default: 1/4 of free)")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
-    p.add_argument("--load", choices=["mmap", "host", "pinned", "device"], default="mmap",
-                   help="how to hold the corpus: memory-mapped (default), in host memory, pinned, on the device")
+    p.add_argument("--load", choices=["mmap", "host", "pinned", "device", "lookup"], default="mmap",
+                   help="how to hold the corpus: memory-mapped (default), in host memory, pinned, on the device, or "
+                        "lookup: a residual / PQ corpus's codes memory-mapped and only the look-up scorer's layouts "
+                        "on the GPU (Corpus.to(device, lookup_only=True))")
+    p.add_argument("--plaid", action="store_true",
+                   help="search a residual --corpus through PLAID's candidate generation (maxsim.index.from_corpus, "
+                        "colbert-ai's defaults by k) instead of exhaustively; --refine rescores its candidates")
     p.add_argument("--no-verify", action="store_true", help="skip the CRC-32 check of the corpus files (sizes still checked)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", action="store_true", help="no summary line")
@@ -457,6 +462,34 @@ def _index_search(path, queries, k: int, device):
     return index.search(Q, k=k, q_mask=q_mask), f"{len(index)} documents (a {index.format} PLAID index)"
 
 
+def _corpus_mode_problem(corpus, args, device) -> str | None:
+    """Why ``--plaid`` / ``--load lookup`` cannot hold this corpus (one line naming the fix), or None."""
+    from maxsim.search.encodings import Residual
+
+    if args.plaid and not isinstance(corpus.encoding, Residual):
+        return (f"--plaid needs a residual corpus; {args.corpus} is {corpus.encoding}: build one with "
+                "`python -m maxsim index --encoding residual2`")
+    if args.plaid and corpus.num_deleted:
+        return f"--plaid: {args.corpus} has {corpus.num_deleted} deleted documents: run `python -m maxsim compact` first"
+    if args.load == "lookup" and (not corpus.encoding.has_codec or device.type != "cuda"):
+        return (f"--load lookup holds a residual / PQ corpus's look-up layouts on a GPU; {args.corpus} is "
+                f"{corpus.encoding} and the device is {device}: use --load mmap, host, pinned or device")
+    return None
+
+
+def _corpus_plaid_search(corpus, queries, k: int, device, refine, refine_factor: int):
+    """PLAID search of a residual corpus (its lists built on ``device``) -> (result, words)."""
+    import maxsim
+
+    index = maxsim.index.from_corpus(corpus, device=device)
+    Q, q_mask = maxsim.pad([q.to(device) for q in queries])
+    result = index.search(Q, k=k, q_mask=q_mask, refine=refine, refine_factor=refine_factor)
+    words = f"{len(index)} documents (PLAID over a {corpus.encoding} corpus, {corpus.where()})"
+    if refine is not None:
+        words += f", refined from {refine.encoding} x{refine_factor}"
+    return result, words
+
+
 def run_search(args) -> int:
     from maxsim.search.corpus import Corpus
 
@@ -468,10 +501,20 @@ def run_search(args) -> int:
     if args.refine is not None and not args.corpus:
         print("maxsim search: --refine refines a --corpus search (a PLAID --index reranks on its own)", file=sys.stderr)
         return 2
+    if args.plaid and not args.corpus:
+        print("maxsim search: --plaid searches a residual --corpus as a PLAID index (an --index is one already)",
+              file=sys.stderr)
+        return 2
     if args.corpus:
-        corpus = Corpus.load(args.corpus, mmap=args.load == "mmap", verify=not args.no_verify,
+        corpus = Corpus.load(args.corpus, mmap=args.load in ("mmap", "lookup"), verify=not args.no_verify,
                              pin_memory=args.load == "pinned" and device.type == "cuda",
                              device=device if args.load == "device" else None)
+        problem = _corpus_mode_problem(corpus, args, device)
+        if problem:
+            print(f"maxsim search: {problem}", file=sys.stderr)
+            return 2
+        if args.load == "lookup":
+            corpus = corpus.to(device, lookup_only=True)
     refine = None if args.refine is None else True if args.refine == "" else \
         Corpus.load(args.refine, mmap=True, verify=not args.no_verify)
     packed, lengths, query_ids = load_embeddings(args.queries, args.query_lengths, "--query-lengths")
@@ -504,6 +547,9 @@ def run_search(args) -> int:
     try:
         if args.index:
             result, described = _index_search(args.index, queries, args.k, device)
+        elif args.plaid:
+            source = corpus.stored_refine() if refine is True else refine
+            result, described = _corpus_plaid_search(corpus, queries, args.k, device, source, args.refine_factor)
         else:
             result = corpus.search(queries, args.k, batch_size=args.batch_size, gpu_memory=args.gpu_memory,
                                    progress=False if args.no_progress else None, device=device, refine=refine,
