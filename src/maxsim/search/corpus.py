@@ -80,7 +80,7 @@ class CorpusSegment:
 
     def offsets_on(self, device: torch.device) -> torch.Tensor:
         """The offsets as an int64 tensor ``[n + 1]`` on ``device`` (copied there once)."""
-        key = str(torch.device(device))
+        key = _device_key(device)
         if key not in self._offsets_on:
             self._offsets_on[key] = torch.from_numpy(self.offsets).to(device)
         return self._offsets_on[key]
@@ -90,7 +90,7 @@ class CorpusSegment:
         ``enc.build_lookup``), built the first time a search asks for it and kept with the segment
         (its tokens never change); None when building it would not fit the device's free memory
         (then the segment is scored by the decoding kernel, said once: a ``LookupLayoutWarning``)."""
-        key = str(torch.device(device))
+        key = _device_key(device)
         if self._lookup.get(key) is None:
             self._lookup.clear()  # one device at a time: the layout takes about the codes' bytes again
             need = enc.lookup_bytes(codec, int(self.embeddings.shape[0]), self.num_documents)
@@ -117,11 +117,11 @@ class CorpusSegment:
     def lookup_on(self, device: torch.device):
         """The look-up layout already on ``device`` (``Corpus.to(device, lookup_only=True)`` put it
         there, or a search built it), else None: nothing is built here."""
-        return self._lookup.get(str(torch.device(device)))
+        return self._lookup.get(_device_key(device))
 
     def keep_lookup(self, device: torch.device, layout) -> None:
         """Hold ``layout`` as this segment's look-up layout on ``device`` (one device at a time)."""
-        self._lookup = {str(torch.device(device)): layout}
+        self._lookup = {_device_key(device): layout}
 
     @property
     def longest(self) -> int:
@@ -243,6 +243,15 @@ def _join_ids(a, b, deleted_a=None, deleted_b=None, name: str = "the corpus"):
         raise ValueError(f"maxsim: document id {clash!r} is already in {name} (appended ids must be new): to "
                          f"replace that document, delete it first (corpus.delete([{clash!r}])), then append")
     return np.concatenate([a, b]) if isinstance(a, np.ndarray) else list(a) + list(b)
+
+
+def _device_key(device) -> str:
+    """``device`` as a segment's per-device caches name it: "cuda" and "cuda:0" (the current GPU)
+    are one key, so a layout built for one is found by a search on the other."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
