@@ -423,10 +423,18 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
     engine = make_engine(name, options)  # imports the package: a missing dependency is this row's error
     gen = _passages(num_docs, options, device)
     pieces, offsets = [], [np.zeros(1, dtype=np.int64)]
-    for _, tokens, slice_offsets in gen.slices(None):  # the engines take the whole corpus at once
-        pieces.append(tokens)
+    host, tokens = None, None
+    if engine.host_input:  # slice by slice into one host tensor: never all on the GPU, nor twice on the host
+        host = torch.empty(gen.total_tokens, gen.config.dim, dtype=torch.float16)  # [T, d]
+    for _, tokens, slice_offsets in gen.slices(_slice_docs(gen, options, device) if host is not None else None):
+        if host is not None:
+            start = int(offsets[-1][-1])
+            host[start:start + tokens.shape[0]].copy_(tokens)
+        else:  # the engines take the whole corpus at once
+            pieces.append(tokens)
         offsets.append(slice_offsets[1:] + offsets[-1][-1])
-    tokens = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, d] fp16 on the device
+    del tokens
+    tokens = host if host is not None else pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, d] fp16
     offsets = np.concatenate(offsets)  # [N + 1] int64 from 0
     del pieces
     queries, _ = gen.queries()
@@ -531,6 +539,9 @@ def main() -> None:
                     help="also time each residual / PQ corpus refined from this encoding's tokens (float16, int8) "
                          "held in pinned host memory: Corpus.search(..., refine=, refine_factor=)")
     ap.add_argument("--refine-factors", default="4", help="comma-separated refine factors (candidates = k x factor)")
+    ap.add_argument("--engine-host-input", action="store_true",
+                    help="fast-plaid takes host tensors (create() moves them 25,000 passages at a time), so that "
+                         "corpora larger than the GPU build")
     ap.add_argument("--lookup-only", action="store_true",
                     help="residual / PQ cells: the codes in pinned host memory, only the look-up layouts on the GPU "
                          "(Corpus.to(device, lookup_only=True)): corpora whose codes and layout do not both fit")
@@ -557,7 +568,7 @@ def main() -> None:
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
-                   refine=args.refine, lookup_only=args.lookup_only, plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
+                   refine=args.refine, lookup_only=args.lookup_only, engine_host_input=args.engine_host_input, plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
                    refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
