@@ -375,7 +375,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         row.update(index_s=time.perf_counter() - t0, ivf_gb=searcher.ivf.numel() * searcher.ivf.element_size() / 1e9)
         row["build_s"] += row["index_s"]
         row["resident_gb"] += row["ivf_gb"]
-        del corpus  # the joined codes replace the segments
+        del corpus, parts  # the joined codes replace the segments (nothing else holds them)
         settings = dict(options["plaid_settings"])
         _stage(f"{encoding}:plaid", f"index built ({row['index_s']:.1f} s)", t_cell)
     else:
