@@ -56,8 +56,9 @@ for step in "$@"; do
             2>&1 | tee "$OUT/fp32-train.log" | tail -24 || status=1 ;;
     # Real-token passages (issue 54 point 6): all-MiniLM-L6-v2 over Lee-corpus text and a word model's,
     # REAL_DOCS of them (default 1M), then the headline on them: REAL_ENCODINGS refined from float16
-    # (k x 8) beside REAL_ENGINES (default fast-plaid). Wants .whl-real/ (bash benchmarks/real_carry.sh; carry it). The
-    # folder lives in /tmp for this call only; the headline gets what the build left of 580 s.
+    # (k x 8) beside REAL_ENGINES (default fast-plaid), REAL_ARGS added. Wants .whl-real/ (bash
+    # benchmarks/real_carry.sh; carry it). The folder lives in /tmp for this call only; the headline
+    # gets what the build left of 580 s.
     real) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
             .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
           ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1

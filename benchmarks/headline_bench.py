@@ -367,7 +367,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         row["peak_build_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         torch.cuda.reset_peak_memory_stats(device)
     Q = queries.to(device)
-    searcher, settings = corpus, {}
+    searcher, settings = corpus, dict(progress=False)
     if first_stage == "plaid":  # the codes shared (one segment) or joined, the lists built on the device
         t0 = time.perf_counter()
         searcher = maxsim.index.from_corpus(corpus)
@@ -378,8 +378,6 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         del corpus, parts  # the joined codes replace the segments (nothing else holds them)
         settings = dict(options["plaid_settings"])
         _stage(f"{encoding}:plaid", f"index built ({row['index_s']:.1f} s)", t_cell)
-    else:
-        settings = dict(progress=False)
 
     def search(q):
         return searcher.search(q, K, **settings).indices
@@ -568,7 +566,8 @@ def main() -> None:
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
-                   refine=args.refine, lookup_only=args.lookup_only, engine_host_input=args.engine_host_input, plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
+                   refine=args.refine, lookup_only=args.lookup_only, engine_host_input=args.engine_host_input,
+                   plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
                    refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

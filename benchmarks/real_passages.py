@@ -132,7 +132,8 @@ def encode(texts: list[str], basis: torch.Tensor, tokenizer, model, device, max_
     The texts are tokenized in one call (the fast tokenizer's threads) and run through the model
     shortest first, so a batch pads to its own longest text; the rows go back in the texts' order."""
     ids = tokenizer(texts, truncation=True, max_length=exact_len or max_tokens)["input_ids"]
-    lengths = np.array([exact_len or len(row) for row in ids], dtype=np.int64)
+    real = np.array([len(row) for row in ids], dtype=np.int64)  # wordpieces a text
+    lengths = np.full_like(real, exact_len) if exact_len else real  # rows a text keeps
     order = np.argsort(lengths, kind="stable")
     pad = tokenizer.pad_token_id or 0
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
@@ -143,8 +144,8 @@ def encode(texts: list[str], basis: torch.Tensor, tokenizer, model, device, max_
         width = int(lengths[rows].max())
         batch = torch.full((len(rows), width), pad, dtype=torch.int64)  # [b, L]
         for i, r in enumerate(rows):
-            batch[i, :len(ids[r])] = torch.as_tensor(ids[r][:width])
-        mask = torch.arange(width)[None, :] < torch.as_tensor([len(ids[r]) for r in rows])[:, None]  # [b, L]
+            batch[i, :real[r]] = torch.as_tensor(ids[r])
+        mask = torch.arange(width)[None, :] < torch.from_numpy(real[rows])[:, None]  # [b, L]
         batch, mask = batch.to(device), mask.to(device)
         with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             hidden = model(input_ids=batch, attention_mask=mask.long()).last_hidden_state  # [b, L, 384]
@@ -157,6 +158,7 @@ def encode(texts: list[str], basis: torch.Tensor, tokenizer, model, device, max_
         if progress is not None:
             progress.update(len(rows))
     return out.cpu(), lengths
+
 
 def build(out: str, num_docs: int, *, device="cpu", num_queries: int = 32, dim: int = 128, max_tokens: int = 128,
           batch_size: int = 256, seed: int = 0) -> dict:

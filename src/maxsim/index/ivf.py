@@ -22,10 +22,10 @@ def build_ivf(codes: torch.Tensor, doc_lengths: torch.Tensor, num_centroids: int
     """(ivf [n] int32 passage positions, ivf_lengths [C] int64): for each centroid, every passage
     holding a token of that code, once, in increasing order (the lists back to back). codes [T]
     int32 / int64, doc_lengths [Nd] int64, on one device (the work runs there)."""
-    num_docs, total = doc_lengths.numel(), codes.numel()
+    num_docs, total, owned = doc_lengths.numel(), codes.numel(), int(doc_lengths.sum())
     device = codes.device
-    if total != int(doc_lengths.sum()):
-        raise ValueError(f"{total} codes, but the document lengths add up to {int(doc_lengths.sum())}")
+    if total != owned:
+        raise ValueError(f"{total} codes, but the document lengths add up to {owned}")
     cu = torch.zeros(num_docs + 1, dtype=torch.int64, device=device)
     torch.cumsum(doc_lengths.to(device), 0, out=cu[1:])
     keys = []
