@@ -58,14 +58,14 @@ for step in "$@"; do
     # REAL_DOCS of them (default 1M), then the headline on them: REAL_ENCODINGS refined from float16
     # (k x 8) beside REAL_ENGINES (default fast-plaid), REAL_ARGS added. Wants .whl-real/ (bash
     # benchmarks/real_carry.sh; carry it). The folder lives in /tmp for this call only; the headline
-    # gets what the build left of 580 s.
+    # gets what the build left of REAL_BUDGET s (default 580: less when other steps share the call).
     real) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
             .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
           ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
             t0=$(date +%s)
             timeout 400 python3 benchmarks/real_passages.py --docs "${REAL_DOCS:-1000000}" --out /tmp/real \
               --device cuda --batch-size 1024 2>&1 | tr '\r' '\n' | grep -v "passage/s" | tee "$OUT/real-build.log" | tail -3
-            left=$(( 580 - $(date +%s) + t0 ))
+            left=$(( ${REAL_BUDGET:-580} - $(date +%s) + t0 ))
             python3 benchmarks/headline_bench.py --docs "${REAL_DOCS:-1000000}" --passages real:/tmp/real \
               --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines "${REAL_ENGINES-fast-plaid}" --refine float16 \
               --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" ${REAL_ARGS:-} \
