@@ -40,9 +40,9 @@ out-of-memory or an unsupported encoding is a row that says so, and the run goes
   (no build tried; 10M in float16, 164 GB). Codec training and encoding run with TF32 matmuls
   (``torch.set_float32_matmul_precision("high")``, ``--no-build-tf32`` to keep fp32; colbert-ai's
   GPU indexer uses fp16); search runs at the default ("highest"). ``residual2:plaid`` (or 4): the
-  same corpus searched through ``maxsim.index.from_corpus`` (PLAID's candidate generation with
-  ``--plaid-settings``, fast-plaid's by default) instead of exhaustively; its build column adds
-  the lists' build (``index_s``).
+  same codes searched exhaustively, then through ``maxsim.index.from_corpus`` (PLAID's candidate
+  generation with ``--plaid-settings``, fast-plaid's by default; one row per ``--plaid-args``
+  group), from one build; their notes give the lists' build time (``index_s``) and size.
 * one row per ``--engines`` (up to ``--engine-max-docs``, 1M; a package that is missing is a "not
   installed" row that says what installs it), the whole corpus handed over at once in the form its
   package takes, with its own calls and defaults (benchmarks/_engines.py says which and where they
@@ -367,48 +367,65 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         row["peak_build_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         torch.cuda.reset_peak_memory_stats(device)
     Q = queries.to(device)
-    searcher, settings = corpus, dict(progress=False)
-    if first_stage == "plaid":  # the codes shared (one segment) or joined, the lists built on the device
+    full = None
+    if refine_slices:
+        full = refine_slices[0]
+        for more in refine_slices[1:]:  # each slice's ids follow on from the slices before it
+            full.append(more, ids=np.arange(len(full), len(full) + len(more)))
+        del refine_slices
+        _stage(encoding, "refine tokens joined", t_cell)
+        row.update(refine_encoding=refine_encoding, refine_host_gb=full.num_tokens * full.bytes_per_token / 1e9)
+        row["refine_build_s"] = refine_s
+    # (label, search, settings) in order: the exhaustive scan, or for a ":plaid" cell the same codes
+    # scanned exhaustively first (so that one build times both), then each PLAID setting
+    row["searches"] = []
+    _time_searches(row, encoding, corpus, dict(progress=False), Q, truth, full, options, device, t_cell)
+    if first_stage == "plaid":
+        for layout_holder in corpus.segments:  # the scan's look-up layouts: the index's codes need the room
+            layout_holder._lookup.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         t0 = time.perf_counter()
-        searcher = maxsim.index.from_corpus(corpus)
+        index = maxsim.index.from_corpus(corpus)  # the codes shared (one segment) or joined
         _sync(device)
-        row.update(index_s=time.perf_counter() - t0, ivf_gb=searcher.ivf.numel() * searcher.ivf.element_size() / 1e9)
-        row["build_s"] += row["index_s"]
-        row["resident_gb"] += row["ivf_gb"]
+        row.update(index_s=time.perf_counter() - t0, ivf_gb=index.ivf.numel() * index.ivf.element_size() / 1e9)
         del corpus, parts  # the joined codes replace the segments (nothing else holds them)
-        settings = dict(options["plaid_settings"])
         _stage(f"{encoding}:plaid", f"index built ({row['index_s']:.1f} s)", t_cell)
+        for overrides in options["plaid_variants"]:
+            settings = dict(options["plaid_settings"], **overrides)
+            label = ":plaid" + ("[" + ",".join(f"{k}={v}" for k, v in overrides.items()) + "]" if overrides else "")
+            _time_searches(row, encoding + label, index, settings, Q, truth, full, options, device, t_cell)
+    return row
 
+
+def _time_searches(row: dict, label: str, searcher, settings: dict, Q, truth, refine, options: dict, device,
+                   t_cell: float) -> None:
+    """Times ``searcher.search(Q, K, **settings)`` at both batches, then refined from ``refine`` (a
+    Corpus or None) at each --refine-factors; appends one entry a search to row["searches"]."""
     def search(q):
         return searcher.search(q, K, **settings).indices
 
     t_first = time.perf_counter()
     search(Q[:1])  # the first search (a residual corpus builds its look-up layout here)
     _sync(device)
-    row["first_search_s"] = time.perf_counter() - t_first
-    _stage(encoding, "first search", t_cell)
-    row.update(_search_rows(search, Q, truth["exact_ids"], options, device))
-    _stage(encoding, "searched", t_cell)
+    first_s = time.perf_counter() - t_first
+    _stage(label, "first search", t_cell)
+    timed = dict(label=label, first_search_s=first_s, **_search_rows(search, Q, truth["exact_ids"], options, device))
     if device.type == "cuda":
-        row["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    if refine_slices:
-        full = refine_slices[0]
-        for more in refine_slices[1:]:  # each slice's ids follow on from the slices before it
-            full.append(more, ids=np.arange(len(full), len(full) + len(more)))
-        _stage(encoding, "refine tokens joined", t_cell)
-        row["refine"] = dict(encoding=refine_encoding, host_gb=full.num_tokens * full.bytes_per_token / 1e9,
-                             build_s=refine_s, factors={})
-        for factor in options["refine_factors"]:
-            def refined(q, factor=factor):
-                return searcher.search(q, K, refine=full, refine_factor=factor, **settings).indices
+        timed["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    row["searches"].append(timed)
+    _stage(label, "searched", t_cell)
+    for factor in options["refine_factors"] if refine is not None else ():
+        def refined(q, factor=factor):
+            return searcher.search(q, K, refine=refine, refine_factor=factor, **settings).indices
 
-            t_first = time.perf_counter()
-            refined(Q[:1])
-            _sync(device)
-            _stage(encoding, f"first refined search x {factor} ({time.perf_counter() - t_first:.2f} s)", t_cell)
-            row["refine"]["factors"][str(factor)] = _search_rows(refined, Q, truth["exact_ids"], options, device)
-            _stage(encoding, f"refined x {factor}", t_cell)
-    return row
+        t_first = time.perf_counter()
+        refined(Q[:1])
+        _sync(device)
+        _stage(label, f"first refined search x {factor} ({time.perf_counter() - t_first:.2f} s)", t_cell)
+        row["searches"].append(dict(label=f"{label}+r{factor}", refine_factor=factor,
+                                    **_search_rows(refined, Q, truth["exact_ids"], options, device)))
+        _stage(label, f"refined x {factor}", t_cell)
 
 
 def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
@@ -476,6 +493,23 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
 
 
 # ---------------------------------------------------------------------- parent
+def _search_note(timed: dict, cell: dict) -> str:
+    """The note of a cell's second and later searches: what the refine or PLAID rows add."""
+    notes = []
+    if ":plaid" in timed["label"]:
+        notes.append(f"maxsim.index.from_corpus over the same codes (built in {cell['index_s']:.1f} s, "
+                     f"+{cell['ivf_gb']:.2f} GB of lists)")
+    if timed.get("refine_factor"):
+        notes.append(f"refined from {cell['refine_encoding']} tokens in pinned host memory ({cell['refine_host_gb']:.1f} GB, "
+                     f"copied in {cell['refine_build_s']:.0f} s): k x {timed['refine_factor']} candidates rescored")
+    return "; ".join(notes)
+
+
+def _plaid_variants(text: str) -> list[dict]:
+    """``ncells=4;ncells=16,ndocs=8192`` -> one dict of overrides a PLAID search (``[{}]`` for none)."""
+    return [_plaid_args(group) for group in text.split(";")] or [{}]
+
+
 def _plaid_args(text: str) -> dict:
     """``ncells=2,ndocs=1024,centroid_score_threshold=0.45`` -> keyword arguments of index.search."""
     out = {}
@@ -547,7 +581,7 @@ def main() -> None:
                     help="the search settings of residual<n>:plaid cells (maxsim.index's named settings)")
     ap.add_argument("--plaid-args", default="",
                     help="overrides of those settings, e.g. ncells=2,ndocs=1024,centroid_score_threshold=0.45 "
-                         "(none turns the threshold off)")
+                         "(none turns the threshold off); several searches of one index: groups split by ';'")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
     ap.add_argument("--cpu-threads", type=int, default=0, help="torch threads of each CPU cell (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
@@ -567,7 +601,7 @@ def main() -> None:
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
                    refine=args.refine, lookup_only=args.lookup_only, engine_host_input=args.engine_host_input,
-                   plaid_settings=dict(settings=args.plaid_settings, **_plaid_args(args.plaid_args)),
+                   plaid_settings=dict(settings=args.plaid_settings), plaid_variants=_plaid_variants(args.plaid_args),
                    refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -623,17 +657,14 @@ def main() -> None:
                 continue
             for encoding in encodings:
                 result = isolated(encoding_cell, num_docs, encoding, options, folder)
-                note = result.get("note") or failed(result)
-                if result["status"] == "ok" and result.get("queries_1", args.queries) < args.queries:
-                    note = f"batch 1: {result['queries_1']} of {args.queries} queries in the time budget"
-                refine = result.pop("refine", None)
-                emit(dict({k: v for k, v in result.items() if k not in ("status", "error", "note")},
-                          docs=num_docs, encoding=encoding, note=note))
-                for factor, timed in (refine or {}).get("factors", {}).items():
-                    emit(dict(timed, docs=num_docs, encoding=f"{encoding}+r{factor}",
-                              note=f"refined from {refine['encoding']} tokens in pinned host memory "
-                                   f"({refine['host_gb']:.1f} GB, copied in {refine['build_s']:.0f} s): "
-                                   f"k x {factor} candidates rescored"))
+                searches = result.pop("searches", None) or [dict(label=encoding)]
+                built = {k: v for k, v in result.items() if k not in ("status", "error", "note")}
+                for i, timed in enumerate(searches):
+                    note = (result.get("note") or failed(result)) if i == 0 else _search_note(timed, result)
+                    if result["status"] == "ok" and timed.get("queries_1", args.queries) < args.queries:
+                        note = (note + "; " if note else "") + \
+                            f"batch 1: {timed['queries_1']} of {args.queries} queries in the time budget"
+                    emit(dict(built if i == 0 else {}, **timed, docs=num_docs, encoding=timed["label"], note=note))
             for name in engines:
                 module, install = ENGINES[name]
                 if importlib.util.find_spec(module) is None:
