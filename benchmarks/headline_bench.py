@@ -381,21 +381,31 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     row["searches"] = []
     _time_searches(row, encoding, corpus, dict(progress=False), Q, truth, full, options, device, t_cell)
     if first_stage == "plaid":
-        for layout_holder in corpus.segments:  # the scan's look-up layouts: the index's codes need the room
-            layout_holder._lookup.clear()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        t0 = time.perf_counter()
-        index = maxsim.index.from_corpus(corpus)  # the codes shared (one segment) or joined
-        _sync(device)
-        row.update(index_s=time.perf_counter() - t0, ivf_gb=index.ivf.numel() * index.ivf.element_size() / 1e9)
-        del corpus, parts  # the joined codes replace the segments (nothing else holds them)
-        _stage(f"{encoding}:plaid", f"index built ({row['index_s']:.1f} s)", t_cell)
-        for overrides in options["plaid_variants"]:
-            settings = dict(options["plaid_settings"], **overrides)
-            label = ":plaid" + ("[" + ",".join(f"{k}={v}" for k, v in overrides.items()) + "]" if overrides else "")
-            _time_searches(row, encoding + label, index, settings, Q, truth, full, options, device, t_cell)
+        try:  # a failure here (memory at 10M) is the PLAID row's note; the scan's rows stay
+            _plaid_searches(row, encoding, corpus, Q, truth, full, options, device, t_cell)
+        except Exception as exc:  # noqa: BLE001 - reported in the row, never lost
+            row["searches"].append(dict(label=f"{encoding}:plaid", error=f"{type(exc).__name__}: {exc}"[:300]))
     return row
+
+
+def _plaid_searches(row: dict, encoding: str, corpus, Q, truth, refine, options: dict, device, t_cell: float) -> None:
+    """``maxsim.index.from_corpus`` over the scanned corpus's codes, then one timed search per
+    --plaid-args group (each refined too)."""
+    import maxsim
+
+    for segment in corpus.segments:  # the scan's look-up layouts: the index's codes need the room
+        segment._lookup.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    index = maxsim.index.from_corpus(corpus)  # the codes shared (one segment) or joined
+    _sync(device)
+    row.update(index_s=time.perf_counter() - t0, ivf_gb=index.ivf.numel() * index.ivf.element_size() / 1e9)
+    _stage(f"{encoding}:plaid", f"index built ({row['index_s']:.1f} s)", t_cell)
+    for overrides in options["plaid_variants"]:
+        settings = dict(options["plaid_settings"], **overrides)
+        label = ":plaid" + ("[" + ",".join(f"{k}={v}" for k, v in overrides.items()) + "]" if overrides else "")
+        _time_searches(row, encoding + label, index, settings, Q, truth, refine, options, device, t_cell)
 
 
 def _time_searches(row: dict, label: str, searcher, settings: dict, Q, truth, refine, options: dict, device,
@@ -495,6 +505,8 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
 # ---------------------------------------------------------------------- parent
 def _search_note(timed: dict, cell: dict) -> str:
     """The note of a cell's second and later searches: what the refine or PLAID rows add."""
+    if timed.get("error"):
+        return f"failed: {timed['error']}"
     notes = []
     if ":plaid" in timed["label"]:
         notes.append(f"maxsim.index.from_corpus over the same codes (built in {cell['index_s']:.1f} s, "

@@ -126,6 +126,19 @@ def test_refuses_what_it_cannot_index():
         maxsim.index.from_corpus(corpus)
 
 
+def test_a_join_that_does_not_fit_names_the_ways_out(monkeypatch):
+    corpus, _, _ = _residual_corpus(segments=3)
+
+    def no_room(shape, dtype, device):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate ...")
+
+    monkeypatch.setattr(ivf_module, "_allocate", no_room)
+    with pytest.raises(MemoryError, match=r"3 segments needs .*expandable_segments:True.*corpus\.to\('cpu'\)"):
+        maxsim.index.from_corpus(corpus)
+    one, _, _ = _residual_corpus(segments=1)  # nothing to join: its codes are shared, no allocation
+    assert maxsim.index.from_corpus(one).codes.data_ptr() == one.segments[0].embeddings.data_ptr()
+
+
 @pytest.mark.gpu
 def test_gpu_index_of_a_corpus_matches_cpu():
     corpus, _, _ = _residual_corpus(num_docs=400, dim=128, num_centroids=64)

@@ -294,9 +294,7 @@ def test_gpu_lookup_only_holds_the_layout_alone_and_searches_the_same(tmp_path, 
     want = resident.search(long_queries, 20, progress=False)
     got = held.search(long_queries, 20, progress=False, gpu_memory=8 << 20)  # streamed, several chunks
     torch.testing.assert_close(got.scores, want.scores, atol=1e-3, rtol=0)
-    rerank = held.rerank(queries[0], torch.arange(20).cuda(), 5)  # the codes, read from the host
-    torch.testing.assert_close(rerank.scores, resident.rerank(queries[0], torch.arange(20).cuda(), 5).scores,
-                               atol=1e-4, rtol=0)
+    assert torch.equal(got.indices, want.indices)
 
 
 def test_lookup_only_wants_a_coded_corpus_and_a_gpu():
