@@ -95,7 +95,8 @@ def test_refine_from_one_byte_tokens(one_byte):
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
     docs = _docs(g, n=50)
     first = Corpus.from_list(docs, encoding="residual2")
-    full = Corpus.from_list(docs, encoding=one_byte)
+    full = Corpus.from_list(docs[:20], encoding=one_byte).append(docs[20:35]).append(docs[35:])  # 3 segments:
+    assert len(full.segments) == 3  # the candidates' rows and scales gathered from each into one copy
     q = [F.normalize(torch.randn(3, 32, generator=g), dim=-1)]
     got = first.search(q, 4, refine=full, refine_factor=50, device=KERNEL_DEVICE)
     dequantized = [full.document(j) for j in range(len(full))]  # values * scales, fp32

@@ -122,40 +122,49 @@ def _same_ids(corpus, refine) -> bool:
     return bool(same)
 
 
-def _take(t: torch.Tensor, rows: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Rows ``rows`` (int64) of a per-token tensor, on ``device``. From host memory to a GPU they
-    are gathered into pinned memory (threads) and copied without a staging pass."""
-    src = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # (index_select takes fp8 as bytes)
-    index = torch.from_numpy(rows)
-    if t.device.type != "cpu" or device.type != "cuda":
-        return torch.index_select(src, 0, index.to(src.device)).view(t.dtype).to(device)
-    buf = torch.empty((rows.size,) + tuple(src.shape[1:]), dtype=src.dtype, pin_memory=True)
-    torch.index_select(src, 0, index, out=buf)
-    return buf.to(device, non_blocking=True).view(t.dtype)
+def _take(tensors: list, rows: list, device: torch.device) -> torch.Tensor:
+    """Rows ``rows[i]`` (int64) of per-token tensor ``tensors[i]``, back to back, on ``device``.
+    From host memory to a GPU, every segment's rows are gathered (threads) into one pinned buffer
+    and copied once: a call's cost does not grow with the segments it touches."""
+    dtype = tensors[0].dtype
+    srcs = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in tensors]  # (fp8 as bytes)
+    if device.type == "cuda" and all(t.device.type == "cpu" for t in srcs):
+        buf = torch.empty((sum(r.size for r in rows),) + tuple(srcs[0].shape[1:]), dtype=srcs[0].dtype,
+                          pin_memory=True)
+        start = 0
+        for src, r in zip(srcs, rows):
+            torch.index_select(src, 0, torch.from_numpy(r), out=buf[start:start + r.size])
+            start += r.size
+        return buf.to(device, non_blocking=True).view(dtype)
+    parts = [torch.index_select(src, 0, torch.from_numpy(r).to(src.device)).to(device) for src, r in zip(srcs, rows)]
+    return (torch.cat(parts) if len(parts) > 1 else parts[0]).view(dtype)
 
 
 def _gather(refine, local: np.ndarray, device: torch.device):
     """(tokens [t, d] on ``device``, offsets [n + 1] int64 host) of refine documents ``local``
     (sorted, unique, in [0, len)), read from wherever the corpus lies (device, host, pinned or
-    mapped): one gather per segment it touches. One-byte tokens are dequantised on ``device``
+    mapped): one gather of every segment it touches. One-byte tokens are dequantised on ``device``
     (values * scales, fp32), so only their bytes are copied."""
     from maxsim.compressed.quantized import dequantize_tokens
 
     device = torch.device(device)
-    parts, lengths = [], []
+    touched, rows, lengths = [], [], []
     for s in refine.segments:
         mine = local[(local >= s.first_document) & (local < s.first_document + s.num_documents)] - s.first_document
         if mine.size == 0:
             continue
         starts, n = s.offsets[mine], s.offsets[mine + 1] - s.offsets[mine]
-        rows = np.repeat(starts - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(int(n.sum()))
-        tokens = _take(s.embeddings, rows, device)
-        parts.append(tokens if s.scales is None else dequantize_tokens(tokens, _take(s.scales, rows, device)))
+        rows.append(np.repeat(starts - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(int(n.sum())))
+        touched.append(s)
         lengths.append(n)
     offsets = np.zeros(len(local) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64), out=offsets[1:])
-    return torch.cat(parts) if len(parts) > 1 else parts[0] if parts else torch.zeros(0, refine.dim, device=device), \
-        offsets
+    if not touched:
+        return torch.zeros(0, refine.dim, device=device), offsets
+    tokens = _take([s.embeddings for s in touched], rows, device)  # [t, d]
+    if touched[0].scales is not None:  # one encoding a corpus: every segment has scales, or none
+        tokens = dequantize_tokens(tokens, _take([s.scales for s in touched], rows, device))
+    return tokens, offsets
 
 
 def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: torch.Tensor, k: int,
