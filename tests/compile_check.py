@@ -269,8 +269,8 @@ def chamfer_variants():
     """The Chamfer family (maxsim/chamfer/): the direct and dot forwards, both backwards."""
     base = dict(D=3, BM=64, BN=64, BK=16, NUM_K=1, NORM=2, DOT=False, BOTH=True, DOT_PRECISION="ieee", DOT_UPCAST=False,
                 UNROLL_D=True)
-    fptrs = dict(x_ptr="fp32", y_ptr="fp32", xlen_ptr="i64", ylen_ptr="i64", dist_x_ptr="fp32", idx_x_ptr="i32",
-                 dist_y_ptr="fp32", idx_y_ptr="i32")
+    fptrs = dict(x_ptr="fp32", y_ptr="fp32", xlen_ptr="i64", ylen_ptr="i64", bad_ptr="i1", dist_x_ptr="fp32",
+                 idx_x_ptr="i32", dist_y_ptr="fp32", idx_y_ptr="i32")
     yield "chamfer fwd direct D=3 fp32", _chamfer_fwd_kernel, base, fptrs, 8
     yield "chamfer fwd direct L1 D=3 bf16", _chamfer_fwd_kernel, dict(base, NORM=1), dict(fptrs, x_ptr="bf16", y_ptr="bf16"), 4
     # wide L1 points: the coordinates as a loop (as chamfer_forward launches them past 16)

@@ -24,9 +24,10 @@ Two ways to compute a tile's distances (the selection layer picks, :mod:`maxsim.
   cost per pair is lower; its absolute error is a few ulps of ``|x|^2 + |y|^2``.
 
 NaN: a distance that is NaN wins the min (NaN propagates, at its lowest index). Checking every
-pair for NaN would cost two more instructions a pair, so each program checks its rows once and
-each tile its points once (O(BM D + BN D)), and only a block or tile holding a non-finite
-coordinate takes the NaN-aware update.
+pair for NaN costs two more instructions a pair, so the launcher flags each pair of clouds that
+holds a non-finite coordinate (one pass over the inputs) and only those walk the NaN-aware loop.
+The others walk their whole tiles with no bounds and no NaN test, then the ragged last tile
+with bounds: the hot loop is the distance and the running min alone.
 """
 
 from __future__ import annotations
@@ -52,27 +53,82 @@ def _min_nan(a, b):
 
 
 @triton.jit
-def _not_finite(v):
-    return (v != v) | (tl.abs(v) == float("inf"))
-
-
-@triton.jit
-def _add_coordinate(b_d, tgt_bad, p_xk, p_yk, m_src, m_t, NORM: tl.constexpr):
-    """One coordinate of the direct kernel: b_d [BM, BN] += |x_k - y_k| (norm 1) or its square;
-    tgt_bad [BN] also flags the target points whose coordinate is not finite."""
-    b_xk = tl.load(p_xk, mask=m_src, other=0.0).to(tl.float32)  # [BM]
-    b_yk = tl.load(p_yk, mask=m_t, other=0.0).to(tl.float32)  # [BN]
+def _add_coordinate(b_d, p_xk, p_yk, m_src, m_t, NORM: tl.constexpr, MASKED: tl.constexpr):
+    """One coordinate of the direct kernel: b_d [BM, BN] += |x_k - y_k| (norm 1) or its square."""
+    b_xk = tl.load(p_xk, mask=m_src, other=0.0).to(tl.float32)  # [BM] (loop-invariant: hoisted)
+    if MASKED:
+        b_yk = tl.load(p_yk, mask=m_t, other=0.0).to(tl.float32)  # [BN]
+    else:
+        b_yk = tl.load(p_yk).to(tl.float32)  # [BN]
     b_diff = b_xk[:, None] - b_yk[None, :]  # [BM, BN]
     if NORM == 1:
         b_d += tl.abs(b_diff)
     else:
         b_d += b_diff * b_diff
-    return b_d, tgt_bad | _not_finite(b_yk)
+    return b_d
+
+
+@triton.jit
+def _walk(b_best, b_tile, t_first, t_stop, p_tgt, stride_t, tgt_len, p_rows, m_src, b_src_block, src_sq,
+          D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_K: tl.constexpr,
+          NORM: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+          UNROLL_D: tl.constexpr, MASKED: tl.constexpr, NAN_AWARE: tl.constexpr):
+    """Target tiles t_first..t_stop - 1 into the running min b_best [BM, BN] and the tile where it
+    was reached b_tile [BM, BN]. MASKED: tiles that may run past tgt_len (bounds on every load
+    and pair); NAN_AWARE: a NaN distance wins and stays (two more instructions a pair, so only
+    clouds holding a non-finite coordinate walk this way)."""
+    o_n = tl.arange(0, BN)
+    o_k = tl.arange(0, BK)
+    for i_t in range(t_first, t_stop):
+        o_t = i_t * BN + o_n  # [BN] target points
+        m_t = o_t < tgt_len
+        p_cols = p_tgt + o_t.to(tl.int64) * stride_t  # [BN]
+        if DOT:
+            b_s = tl.zeros([BM, BN], dtype=tl.float32)
+            tgt_sq = tl.zeros([BN], dtype=tl.float32)
+            for kk in tl.static_range(NUM_K):
+                o_kk = kk * BK + o_k
+                m_k = (o_kk < D)[None, :]
+                if MASKED:
+                    b_tgt = tl.load(p_cols[:, None] + o_kk[None, :], mask=m_t[:, None] & m_k, other=0.0)  # [BN, BK]
+                else:
+                    b_tgt = tl.load(p_cols[:, None] + o_kk[None, :], mask=m_k, other=0.0)  # [BN, BK]
+                if NUM_K == 1:
+                    b_a = b_src_block
+                else:
+                    b_a = tl.load(p_rows[:, None] + o_kk[None, :], mask=m_src[:, None] & m_k, other=0.0)
+                if DOT_UPCAST:
+                    b_s = tl.dot(b_a.to(tl.float32), tl.trans(b_tgt.to(tl.float32)), b_s, input_precision="ieee")
+                else:
+                    b_s = tl.dot(b_a, tl.trans(b_tgt), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
+                b_tgtf = b_tgt.to(tl.float32)
+                tgt_sq += tl.sum(b_tgtf * b_tgtf, axis=1)
+            b_raw = src_sq[:, None] + (tgt_sq[None, :] - 2.0 * b_s)
+            b_d = tl.maximum(b_raw, 0.0)  # [BM, BN]
+            if NAN_AWARE:  # (maximum drops a NaN: put it back)
+                b_d = tl.where(b_raw != b_raw, b_raw, b_d)
+        else:
+            b_d = tl.zeros([BM, BN], dtype=tl.float32)
+            if UNROLL_D:
+                for k in tl.static_range(D):
+                    b_d = _add_coordinate(b_d, p_rows + k, p_cols + k, m_src, m_t, NORM, MASKED)
+            else:
+                for k in range(D):
+                    b_d = _add_coordinate(b_d, p_rows + k, p_cols + k, m_src, m_t, NORM, MASKED)
+        if MASKED:
+            b_d = tl.where(m_t[None, :], b_d, float("inf"))
+        if NAN_AWARE:  # a NaN wins and stays (strict '<' keeps the earliest tile on ties)
+            upd = (b_d < b_best) | ((b_d != b_d) & (b_best == b_best))
+        else:
+            upd = b_d < b_best
+        b_best = tl.where(upd, b_d, b_best)
+        b_tile = tl.where(upd, i_t, b_tile)
+    return b_best, b_tile
 
 
 @triton.jit(do_not_specialize=["N", "M", "n_blocks_x", "stride_xb", "stride_yb"])
 def _chamfer_fwd_kernel(
-    x_ptr, y_ptr, xlen_ptr, ylen_ptr,
+    x_ptr, y_ptr, xlen_ptr, ylen_ptr, bad_ptr,
     dist_x_ptr, idx_x_ptr, dist_y_ptr, idx_y_ptr,
     N, M, n_blocks_x,
     stride_xb, stride_xn,  # x [B, N, D], unit stride on D
@@ -84,7 +140,8 @@ def _chamfer_fwd_kernel(
     UNROLL_D: tl.constexpr,  # the direct kernel's coordinates unrolled (few) or a loop
 ):
     """Program (i_blk, b): rows i_blk * BM.. of x against y (i_blk < n_blocks_x), else rows of y
-    against x (BOTH). Writes dist [BM] fp32 and idx [BM] int32 for its rows."""
+    against x (BOTH). bad_ptr [B] bool: whether either cloud of pair b holds a non-finite
+    coordinate. Writes dist [BM] fp32 and idx [BM] int32 for its rows."""
     i_blk = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
     x_len = tl.load(xlen_ptr + i_b).to(tl.int32)
@@ -115,81 +172,37 @@ def _chamfer_fwd_kernel(
     o_m = row0 + tl.arange(0, BM)  # [BM] source points
     m_src = o_m < src_len
     p_rows = p_src + o_m.to(tl.int64) * stride_s  # [BM]
-    o_n = tl.arange(0, BN)
     o_k = tl.arange(0, BK)
 
-    # Once per program: the rows' non-finite flag (and, for the dot, squared norms and the block).
-    src_bad = tl.zeros([BM], dtype=tl.int1)
+    src_sq = tl.zeros([BM], dtype=tl.float32)  # the dot's squared norms, once per program
+    b_src_block = src_sq  # the dot's source block when it is one BK wide (stays on chip)
     if DOT:
-        src_sq = tl.zeros([BM], dtype=tl.float32)
         for kq in tl.static_range(NUM_K):
             o_kk = kq * BK + o_k
             b_src = tl.load(p_rows[:, None] + o_kk[None, :], mask=m_src[:, None] & (o_kk < D)[None, :], other=0.0)
             b_srcf = b_src.to(tl.float32)  # [BM, BK]
             src_sq += tl.sum(b_srcf * b_srcf, axis=1)
-            src_bad = src_bad | (tl.max(_not_finite(b_srcf).to(tl.int32), axis=1) > 0)
-        if NUM_K == 1:
-            b_src_block = b_src  # stays on chip for the program's lifetime
-    elif UNROLL_D:
-        for k in tl.static_range(D):
-            src_bad = src_bad | _not_finite(tl.load(p_rows + k, mask=m_src, other=0.0).to(tl.float32))  # [BM]
-    else:
-        for k in range(D):
-            src_bad = src_bad | _not_finite(tl.load(p_rows + k, mask=m_src, other=0.0).to(tl.float32))  # [BM]
-    block_bad = tl.max(src_bad.to(tl.int32), axis=0) > 0
+            b_src_block = b_src
 
     b_best = tl.full([BM, BN], float("inf"), dtype=tl.float32)
     b_tile = tl.zeros([BM, BN], dtype=tl.int32)  # tile index where b_best was reached
     n_tiles = tl.cdiv(tgt_len, BN)
-    for i_t in range(0, n_tiles):
-        o_t = i_t * BN + o_n  # [BN] target points
-        m_t = o_t < tgt_len
-        p_cols = p_tgt + o_t.to(tl.int64) * stride_t  # [BN]
-        tgt_bad = tl.zeros([BN], dtype=tl.int1)
-        if DOT:
-            b_s = tl.zeros([BM, BN], dtype=tl.float32)
-            tgt_sq = tl.zeros([BN], dtype=tl.float32)
-            for kk in tl.static_range(NUM_K):
-                o_kk = kk * BK + o_k
-                m_k = (o_kk < D)[None, :]
-                b_tgt = tl.load(p_cols[:, None] + o_kk[None, :], mask=m_t[:, None] & m_k, other=0.0)  # [BN, BK]
-                if NUM_K == 1:
-                    b_a = b_src_block
-                else:
-                    b_a = tl.load(p_rows[:, None] + o_kk[None, :], mask=m_src[:, None] & m_k, other=0.0)
-                if DOT_UPCAST:
-                    b_s = tl.dot(b_a.to(tl.float32), tl.trans(b_tgt.to(tl.float32)), b_s, input_precision="ieee")
-                else:
-                    b_s = tl.dot(b_a, tl.trans(b_tgt), b_s, input_precision=DOT_PRECISION)  # [BM, BN]
-                b_tgtf = b_tgt.to(tl.float32)
-                tgt_sq += tl.sum(b_tgtf * b_tgtf, axis=1)
-                tgt_bad = tgt_bad | (tl.max(_not_finite(b_tgtf).to(tl.int32), axis=1) > 0)
-            b_d = tl.maximum(src_sq[:, None] + (tgt_sq[None, :] - 2.0 * b_s), 0.0)  # [BM, BN]
-            # (maximum drops a NaN: put it back where the inputs had one)
-            if block_bad | (tl.max(tgt_bad.to(tl.int32), axis=0) > 0):
-                b_raw = src_sq[:, None] + (tgt_sq[None, :] - 2.0 * b_s)
-                b_d = tl.where(b_raw != b_raw, b_raw, b_d)
-        else:
-            b_d = tl.zeros([BM, BN], dtype=tl.float32)
-            if UNROLL_D:
-                for k in tl.static_range(D):
-                    b_d, tgt_bad = _add_coordinate(b_d, tgt_bad, p_rows + k, p_cols + k, m_src, m_t, NORM)
-            else:
-                for k in range(D):
-                    b_d, tgt_bad = _add_coordinate(b_d, tgt_bad, p_rows + k, p_cols + k, m_src, m_t, NORM)
-        if (i_t + 1) * BN > tgt_len:
-            # Only the ragged last tile pays for the bounds mask.
-            b_d = tl.where(m_t[None, :], b_d, float("inf"))
-        if block_bad | (tl.max((tgt_bad & m_t).to(tl.int32), axis=0) > 0):
-            # A NaN wins and stays (strict '<' keeps the earliest tile on ties).
-            upd = (b_d < b_best) | ((b_d != b_d) & (b_best == b_best))
-        else:
-            upd = b_d < b_best
-        b_best = tl.where(upd, b_d, b_best)
-        b_tile = tl.where(upd, i_t, b_tile)
+    if tl.load(bad_ptr + i_b) != 0:  # (rare) every tile bounds-checked and NaN-aware
+        b_best, b_tile = _walk(b_best, b_tile, 0, n_tiles, p_tgt, stride_t, tgt_len, p_rows, m_src, b_src_block,
+                               src_sq, D, BM, BN, BK, NUM_K, NORM, DOT, DOT_PRECISION, DOT_UPCAST, UNROLL_D,
+                               True, True)
+    else:  # whole tiles with no bounds, then the ragged last one
+        n_whole = tgt_len // BN
+        b_best, b_tile = _walk(b_best, b_tile, 0, n_whole, p_tgt, stride_t, tgt_len, p_rows, m_src, b_src_block,
+                               src_sq, D, BM, BN, BK, NUM_K, NORM, DOT, DOT_PRECISION, DOT_UPCAST, UNROLL_D,
+                               False, False)
+        b_best, b_tile = _walk(b_best, b_tile, n_whole, n_tiles, p_tgt, stride_t, tgt_len, p_rows, m_src,
+                               b_src_block, src_sq, D, BM, BN, BK, NUM_K, NORM, DOT, DOT_PRECISION, DOT_UPCAST,
+                               UNROLL_D, True, False)
 
     b_min = tl.reduce(b_best, 1, _min_nan)  # [BM]
     is_min = (b_best == b_min[:, None]) | (b_best != b_best)
+    o_n = tl.arange(0, BN)
     b_idx = tl.min(tl.where(is_min, b_tile * BN + o_n[None, :], 2147483647), axis=1)  # lowest index among ties
     m_found = m_src & (tgt_len > 0)
     m_out = o_m < src_size  # padded rows too: they read 0 and -1
@@ -224,8 +237,11 @@ def chamfer_forward(x: torch.Tensor, y: torch.Tensor, x_len: torch.Tensor, y_len
     n_blocks = n_blocks_x + (triton.cdiv(M, BM) if both else 0)
     if B == 0 or n_blocks == 0:
         return dist_x, idx_x, dist_y, idx_y
-    args = (x, y, x_len, y_len, dist_x, idx_x, dist_x if dist_y is None else dist_y, idx_x if idx_y is None else idx_y,
-            N, M, n_blocks_x, x.stride(0), x.stride(1), y.stride(0), y.stride(1))
+    # [B] bool: a non-finite coordinate anywhere in either cloud (the NaN-aware walk's price is
+    # paid by those pairs alone, and the hot loop carries no per-tile check)
+    bad = ~(torch.isfinite(x).flatten(1).all(1) & torch.isfinite(y).flatten(1).all(1))
+    args = (x, y, x_len, y_len, bad, dist_x, idx_x, dist_x if dist_y is None else dist_y,
+            idx_x if idx_y is None else idx_y, N, M, n_blocks_x, x.stride(0), x.stride(1), y.stride(0), y.stride(1))
     constexprs = dict(D=D, BM=BM, BN=BN, BK=BK, NUM_K=-(-D // BK), NORM=norm, DOT=dot, BOTH=both,
                       DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                       DOT_UPCAST=interpreting() and x.dtype == torch.bfloat16,
