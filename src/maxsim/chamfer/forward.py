@@ -26,8 +26,9 @@ Two ways to compute a tile's distances (the selection layer picks, :mod:`maxsim.
 NaN: a distance that is NaN wins the min (NaN propagates, at its lowest index). Checking every
 pair for NaN costs two more instructions a pair, so the launcher flags each pair of clouds that
 holds a non-finite coordinate (one pass over the inputs) and only those walk the NaN-aware loop.
-The others walk their whole tiles with no bounds and no NaN test, then the ragged last tile
-with bounds: the hot loop is the distance and the running min alone.
+The others have no NaN test, and no bounds test a pair either: the direct kernel reads the
+points past a cloud as +inf (infinitely far), the dot kernel walks whole tiles, then the ragged
+last one with bounds. The hot loop is the distance and the running min alone.
 """
 
 from __future__ import annotations
@@ -54,12 +55,14 @@ def _min_nan(a, b):
 
 @triton.jit
 def _add_coordinate(b_d, p_xk, p_yk, m_src, m_t, NORM: tl.constexpr, MASKED: tl.constexpr):
-    """One coordinate of the direct kernel: b_d [BM, BN] += |x_k - y_k| (norm 1) or its square."""
+    """One coordinate of the direct kernel: b_d [BM, BN] += |x_k - y_k| (norm 1) or its square.
+    Unless MASKED, a target point past the cloud reads +inf: its distance is inf and never wins,
+    so the pairs need no bounds test (finite clouds only: inf - inf would be NaN)."""
     b_xk = tl.load(p_xk, mask=m_src, other=0.0).to(tl.float32)  # [BM] (loop-invariant: hoisted)
     if MASKED:
         b_yk = tl.load(p_yk, mask=m_t, other=0.0).to(tl.float32)  # [BN]
     else:
-        b_yk = tl.load(p_yk).to(tl.float32)  # [BN]
+        b_yk = tl.load(p_yk, mask=m_t, other=float("inf")).to(tl.float32)  # [BN]
     b_diff = b_xk[:, None] - b_yk[None, :]  # [BM, BN]
     if NORM == 1:
         b_d += tl.abs(b_diff)
@@ -74,9 +77,11 @@ def _walk(b_best, b_tile, t_first, t_stop, p_tgt, stride_t, tgt_len, p_rows, m_s
           NORM: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
           UNROLL_D: tl.constexpr, MASKED: tl.constexpr, NAN_AWARE: tl.constexpr):
     """Target tiles t_first..t_stop - 1 into the running min b_best [BM, BN] and the tile where it
-    was reached b_tile [BM, BN]. MASKED: tiles that may run past tgt_len (bounds on every load
-    and pair); NAN_AWARE: a NaN distance wins and stays (two more instructions a pair, so only
-    clouds holding a non-finite coordinate walk this way)."""
+    was reached b_tile [BM, BN]. MASKED: tiles that may run past tgt_len get a bounds test on
+    every pair (unless MASKED, the dot kernel walks whole tiles only, the direct kernel any tile:
+    its loads make the points past the cloud infinitely far); NAN_AWARE: a NaN distance wins and
+    stays (two more instructions a pair, so only clouds holding a non-finite coordinate walk this
+    way)."""
     o_n = tl.arange(0, BN)
     o_k = tl.arange(0, BK)
     for i_t in range(t_first, t_stop):
@@ -191,6 +196,10 @@ def _chamfer_fwd_kernel(
         b_best, b_tile = _walk(b_best, b_tile, 0, n_tiles, p_tgt, stride_t, tgt_len, p_rows, m_src, b_src_block,
                                src_sq, D, BM, BN, BK, NUM_K, NORM, DOT, DOT_PRECISION, DOT_UPCAST, UNROLL_D,
                                True, True)
+    elif not DOT:  # every tile, the points past the cloud read as infinitely far
+        b_best, b_tile = _walk(b_best, b_tile, 0, n_tiles, p_tgt, stride_t, tgt_len, p_rows, m_src, b_src_block,
+                               src_sq, D, BM, BN, BK, NUM_K, NORM, DOT, DOT_PRECISION, DOT_UPCAST, UNROLL_D,
+                               False, False)
     else:  # whole tiles with no bounds, then the ragged last one
         n_whole = tgt_len // BN
         b_best, b_tile = _walk(b_best, b_tile, 0, n_whole, p_tgt, stride_t, tgt_len, p_rows, m_src, b_src_block,
