@@ -308,8 +308,8 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
                               f"{free / 1e9:.0f} GB free; ~{fits / 1e6:.1f}M passages would)")
     refine_encoding = options.get("refine") if encoding.startswith(("residual", "pq")) else None
     # --lookup-only: the codes in pinned host memory, only the look-up layouts on the GPU
-    lookup_only = options.get("lookup_only") and encoding.startswith(("residual", "pq")) and device.type == "cuda" \
-        and not first_stage
+    lookup_only = options.get("lookup_only") and encoding.startswith(("residual", "pq", "int8", "fp8")) \
+        and device.type == "cuda" and not first_stage
     device_codec = None
     corpus, build_s, generate_s, refine_slices, refine_s = None, 0.0, 0.0, [], 0.0
     t_cell = time.perf_counter()
@@ -587,8 +587,9 @@ def main() -> None:
                     help="fast-plaid takes host tensors (create() moves them 25,000 passages at a time), so that "
                          "corpora larger than the GPU build")
     ap.add_argument("--lookup-only", action="store_true",
-                    help="residual / PQ cells: the codes in pinned host memory, only the look-up layouts on the GPU "
-                         "(Corpus.to(device, lookup_only=True)): corpora whose codes and layout do not both fit")
+                    help="residual / PQ / int8 / fp8 cells: the codes in pinned host memory, only the look-up layouts "
+                         "on the GPU (Corpus.to(device, lookup_only=True)): corpora whose codes and layout do not "
+                         "both fit, and the one-byte Gluon scorer")
     ap.add_argument("--plaid-settings", default="fast-plaid", choices=("fast-plaid", "colbert"),
                     help="the search settings of residual<n>:plaid cells (maxsim.index's named settings)")
     ap.add_argument("--plaid-args", default="",

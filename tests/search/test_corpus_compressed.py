@@ -297,14 +297,59 @@ def test_gpu_lookup_only_holds_the_layout_alone_and_searches_the_same(tmp_path, 
     assert torch.equal(got.indices, want.indices)
 
 
-def test_lookup_only_wants_a_coded_corpus_and_a_gpu():
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the one-byte Gluon scorer runs on Hopper (sm_90) only")
+@pytest.mark.parametrize("encoding", ["int8", "fp8"])
+def test_gpu_one_byte_lookup_only_scores_with_the_gluon_scorer(encoding):
+    """An int8 / fp8 corpus held as its layout (lookup_only): queries of up to 32 tokens get the
+    one-byte Gluon scorer's scores (its float64 emulation's, to fp32 rounding for int8 and within
+    the e4m3 accumulation's bound for fp8) across segments; longer ones stream the host tokens
+    through the stream kernel, as the resident corpus scores them."""
+    from maxsim.compressed.onebyte_gluon import build_layout, onebyte_emulation
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = unit_docs(g, n=600, d=128, longest=90)
+    resident = Corpus.from_list(docs[:350], encoding=encoding).append(docs[350:]).to("cuda")  # two segments
+    held = resident.to("cuda", lookup_only=True)
+    assert held.device.type == "cpu" and all(s.lookup_on(torch.device("cuda")) is not None for s in held.segments)
+    lengths = [32, 20, 7]
+    queries = unit_queries(g, lengths, d=128)
+    got = held.search([q.cuda() for q in queries], 600, progress=False)  # every document, best first
+    scores = torch.zeros(3, 600, dtype=torch.float64)
+    scores.scatter_(1, got.indices.cpu(), got.scores.double().cpu())
+    values = torch.cat([s.embeddings.cpu() for s in held.segments])
+    layout = build_layout(values, torch.cat([s.scales.cpu() for s in held.segments]), torch.tensor(held.offsets))
+    Q = torch.zeros(3, 32, 128)
+    q_mask = torch.zeros(3, 32, dtype=torch.bool)
+    for i, q in enumerate(queries):
+        Q[i, :len(q)], q_mask[i, :len(q)] = q.float(), True
+    want = onebyte_emulation(Q, layout, q_mask=q_mask)
+    if encoding == "int8":
+        torch.testing.assert_close(scores, want, rtol=1e-5, atol=1e-4)
+    else:
+        bound = onebyte_emulation(Q, layout, q_mask=q_mask, absolute=True) * 2.0 ** -10 + 1e-4
+        assert torch.all((scores - want).abs() <= bound), float(((scores - want).abs() / bound).max())
+    long_queries = [q.cuda() for q in unit_queries(g, [40, 33], d=128)]  # past the scorer's 32 rows
+    want_long = resident.search(long_queries, 20, progress=False)
+    got_long = held.search(long_queries, 20, progress=False, gpu_memory=8 << 20)  # streamed, several chunks
+    assert torch.equal(got_long.indices.cpu(), want_long.indices.cpu())
+    torch.testing.assert_close(got_long.scores, want_long.scores, atol=1e-5, rtol=0)
+
+
+def test_lookup_only_wants_a_coded_or_one_byte_corpus_and_a_gpu():
     g = torch.Generator().manual_seed(3)
     docs = unit_docs(g, n=20, d=128, longest=10)
-    with pytest.raises(ValueError, match="residual or PQ corpus"):
-        Corpus.from_list(docs, encoding="int8").to("cuda", lookup_only=True)
+    with pytest.raises(ValueError, match="residual, PQ, int8 or fp8 corpus.* float16"):
+        Corpus.from_list(docs, encoding="float16").to("cuda", lookup_only=True)
     codec = ResidualCodec.train(torch.cat(docs), 2, num_centroids=8)
     with pytest.raises(ValueError, match="not a GPU"):
         Corpus.from_list(docs, codec=codec).to("cpu", lookup_only=True)
+    with pytest.raises(ValueError, match="not a GPU"):
+        Corpus.from_list(docs, encoding="int8").to("cpu", lookup_only=True)
+    narrow = Corpus.from_list([x[:, :64] for x in docs], encoding="int8")  # the layout holds d 128 tokens
+    with pytest.raises(ValueError, match="d=128 tokens, not d=64"):
+        narrow.encoding.build_lookup(None, tuple(narrow.segments[0].parts()), torch.tensor(narrow.offsets))
 
 
 @pytest.mark.parametrize("why", ["too little free memory", "out of memory while building"])

@@ -258,6 +258,23 @@ def pq_lookup_scores(Q, q_mask, layout, choice, docs=None):
                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], waves=cfg["waves"], docs=docs)
 
 
+def onebyte_lookup_scorer(Q, q_mask):
+    """The one-byte Gluon scorer's :class:`maxsim.selection.Choice` for queries ``Q [Nq, Lq, d]``
+    against an int8 / fp8 layout on Q's device, or why it cannot run (a str)."""
+    return _choice_or_why(Q, lambda needs_grad, family: _select.onebyte_lookup_choice(
+        Q.shape[0], Q.shape[1], Q.shape[2], Q.dtype, q_mask is not None, needs_grad, family))
+
+
+def onebyte_lookup_scores(Q, q_mask, layout, choice, docs=None):
+    """Scores ``[Nq, Nd]`` fp32 of ``Q [Nq, Lq, 128]`` against a one-byte layout on Q's device
+    (``docs``: ``(lo, hi)``, its documents lo..hi-1), with the tile ``choice`` names."""
+    from .onebyte_gluon import onebyte_scores
+
+    cfg = choice.config
+    return onebyte_scores(Q, layout, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"], qpb=cfg["qpb"],
+                          maxnreg=cfg.get("maxnreg"), pairs=cfg.get("pairs", False), docs=docs)
+
+
 def centroid_scores(Q, codec):
     """Q [Nq, Lq, d] -> [Nq, Lq, C] fp32 scores of every query token against every centroid."""
     centroids = codec.centroids.to(Q.device).float()

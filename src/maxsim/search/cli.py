@@ -409,8 +409,8 @@ def add_search_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--load", choices=["mmap", "host", "pinned", "device", "lookup"], default="mmap",
                    help="how to hold the corpus: memory-mapped (default), in host memory, pinned, on the device, or "
-                        "lookup: a residual / PQ corpus's codes memory-mapped and only the look-up scorer's layouts "
-                        "on the GPU (Corpus.to(device, lookup_only=True))")
+                        "lookup: a residual / PQ / int8 / fp8 corpus's codes memory-mapped and only the look-up "
+                        "scorer's layouts on the GPU (Corpus.to(device, lookup_only=True))")
     p.add_argument("--plaid", action="store_true",
                    help="search a residual --corpus through PLAID's candidate generation (maxsim.index.from_corpus, "
                         "colbert-ai's defaults by k) instead of exhaustively; --refine rescores its candidates")
@@ -471,8 +471,8 @@ def _corpus_mode_problem(corpus, args, device) -> str | None:
                 "`python -m maxsim index --encoding residual2`")
     if args.plaid and corpus.num_deleted:
         return f"--plaid: {args.corpus} has {corpus.num_deleted} deleted documents: run `python -m maxsim compact` first"
-    if args.load == "lookup" and (not corpus.encoding.has_codec or device.type != "cuda"):
-        return (f"--load lookup holds a residual / PQ corpus's look-up layouts on a GPU; {args.corpus} is "
+    if args.load == "lookup" and (not corpus.encoding.has_lookup or device.type != "cuda"):
+        return (f"--load lookup holds a residual / PQ / int8 / fp8 corpus's look-up layouts on a GPU; {args.corpus} is "
                 f"{corpus.encoding} and the device is {device}: use --load mmap, host, pinned or device")
     return None
 

@@ -570,14 +570,16 @@ class Corpus:
         """A copy on ``device`` (or this corpus when it is there already and not mapped); a residual
         / PQ corpus's codec moves with it.
 
-        ``lookup_only=True`` (a residual or PQ corpus, a GPU ``device``): the GPU holds only the
-        look-up scorer's layout, built one segment at a time (that segment's codes on the GPU
-        while it is built); the codes stay in host memory (pinned, or memory-mapped from the
+        ``lookup_only=True`` (a residual, PQ, int8 or fp8 corpus, a GPU ``device``): the GPU holds
+        only the look-up scorer's layout, built one segment at a time (that segment's codes on the
+        GPU while it is built); the codes stay in host memory (pinned, or memory-mapped from the
         corpus file; a GPU corpus's are copied to pinned memory). Returns that host corpus (this
         one when its codes are in host memory already). For a corpus whose codes and layout do not
         both fit the GPU: searches the look-up scorer serves read the layout alone; others (d other
         than 128, queries over 32 tokens), ``rerank``, refine and ``save`` read the codes from the
-        host."""
+        host. An int8 / fp8 corpus (d 128) held so is scored by the one-byte Gluon scorer on
+        Hopper (its tokens' bytes loaded straight into the 8-bit tensor cores' operand, the
+        layout about their bytes again); resident on the GPU, by the one-byte stream kernel."""
         device = torch.device(device)
         if lookup_only:
             return self._lookup_only(device)
@@ -587,9 +589,10 @@ class Corpus:
 
     def _lookup_only(self, device: torch.device) -> "Corpus":
         enc = self.encoding
-        if not enc.has_codec or device.type != "cuda":
-            raise ValueError(f"maxsim: lookup_only=True holds a residual or PQ corpus's look-up layout on a GPU; "
-                             f"{self.name()} is {enc} and {device} is {'a GPU' if device.type == 'cuda' else 'not a GPU'}")
+        if not enc.has_lookup or device.type != "cuda":
+            raise ValueError(f"maxsim: lookup_only=True holds a residual, PQ, int8 or fp8 corpus's look-up layout on a "
+                             f"GPU; {self.name()} is {enc} and {device} is "
+                             f"{'a GPU' if device.type == 'cuda' else 'not a GPU'}")
         host = self if self.device.type == "cpu" else self.pin_memory()
         codec = _codec_to(self.codec, device)
         for i, segment in enumerate(host._segments):

@@ -44,6 +44,7 @@ class Encoding(str):
     :func:`encoding`."""
 
     exact = False  # the stored tokens are the given floats, cast (no quantisation)
+    has_lookup = False  # a look-up layout can stand in for the tokens on a GPU (lookup_only)
     has_codec = False  # codes of one corpus-level codec (residual, PQ)
     has_scales = False  # per-token fp32 scales beside the values (int8, fp8)
     has_residuals = False  # per-token packed residual bytes beside the codes (residual)
@@ -95,9 +96,12 @@ class Encoding(str):
         return None
 
     def query_batch(self, q: torch.Tensor, cu: torch.Tensor, longest: int, cu_host: np.ndarray, *, codec,
-                    resident: bool):
+                    resident: bool, layouts: bool = False):
         """A batch of packed queries ``q [t, d]`` (offsets ``cu`` on the device, ``cu_host`` on the
-        host) in the form :meth:`score_chunk` takes, built once a search."""
+        host) in the form :meth:`score_chunk` takes, built once a search. ``resident``: the tokens
+        or a look-up layout are on the device; ``layouts``: every segment's look-up layout is
+        (``Corpus.to(..., lookup_only=True)``). A look-up encoding's form holds its scorer's
+        Choice at index 2 (None: the batch is streamed)."""
         return None
 
     def score_chunk(self, batch, queries, chunk, segment, start: int, stop: int, token_base: int, *, device,
@@ -139,9 +143,11 @@ class Float(Encoding):
 
 class OneByte(Encoding):
     """int8 / fp8 (e4m3) values with one fp32 scale a token (d + 4 bytes;
-    ``maxsim.compressed.quantized.quantize_tokens``)."""
+    ``maxsim.compressed.quantized.quantize_tokens``). Resident: the one-byte stream kernel; held
+    as its layout on a Hopper GPU (``lookup_only``), the one-byte Gluon scorer."""
 
     has_scales = True
+    has_lookup = True
     format_version = 2
     _FORMATS = {"int8": ("int8", torch.int8, "int8"), "fp8": ("fp8_e4m3", torch.float8_e4m3fn, "float8_e4m3fn")}
 
@@ -158,23 +164,52 @@ class OneByte(Encoding):
     def decode(self, main, scales, residuals, codec):
         return dequantize_tokens(main, scales)
 
-    def query_batch(self, q, cu, longest, cu_host, *, codec, resident):
+    def query_batch(self, q, cu, longest, cu_host, *, codec, resident, layouts=False):
         # the stream kernel's form (query bytes quantised once), else a list of views
         prepared = prepare_queries(q, cu, longest, self.torch_dtype)
         if prepared is None:
             prepared = [q[int(a):int(b)] for a, b in zip(cu_host[:-1], cu_host[1:])]
-        return prepared
+        if not layouts:  # tokens only (resident ones are scored where they lie: no second copy)
+            return None, None, None, prepared
+        Q, mask = packed_to_padded(q, cu, longest)  # the one-byte scorer takes padded queries
+        q_mask = None if bool(mask.all()) else mask
+        choice = self.lookup_choice(Q, q_mask, codec)
+        return Q, q_mask, None if isinstance(choice, str) else choice, prepared
 
     def score_chunk(self, batch, queries, chunk, segment, start, stop, token_base, *, device, codec):
+        Q, q_mask, choice, prepared = batch
+        layout = segment.lookup_on(device) if choice is not None else None
+        if layout is not None:  # the tokens on the host, their layout on this GPU
+            return self.lookup_scores(Q, q_mask, layout, codec, choice, (start, stop))
         segment.check_scales()
-        return score_quantized_chunk(batch, chunk[0], chunk[1], segment.offsets, start, stop, token_base,
+        return score_quantized_chunk(prepared, chunk[0], chunk[1], segment.offsets, start, stop, token_base,
                                      cu_d=segment.offsets_on(device), max_d=segment.longest)
+
+    # -- the one-byte scorer of a corpus held as its layout on a GPU (lookup_only) ---------------
+    def lookup_choice(self, Q, q_mask, codec):
+        from maxsim.compressed.scoring import onebyte_lookup_scorer
+
+        return onebyte_lookup_scorer(Q, q_mask)
+
+    def lookup_scores(self, Q, q_mask, layout, codec, choice, docs):
+        from maxsim.compressed.scoring import onebyte_lookup_scores
+
+        return onebyte_lookup_scores(Q, q_mask, layout, choice, docs=docs)
+
+    def build_lookup(self, codec, parts, cu):
+        from maxsim.compressed.onebyte_gluon import DIM, build_layout
+
+        if parts[0].shape[1] != DIM:
+            raise ValueError(f"maxsim: the one-byte scorer's layout holds d={DIM} tokens, not d={parts[0].shape[1]}: "
+                             "keep the corpus on the GPU as it is (.to('cuda'))")
+        return build_layout(parts[0], parts[1], cu)
 
 
 class _Coded(Encoding):
     """Codes of a corpus-level codec (residual, PQ): the codec's tables are stored once a corpus."""
 
     has_codec = True
+    has_lookup = True
     format_version = 3
     main_part = "codes"
     codec_type: type
@@ -258,7 +293,7 @@ class _Coded(Encoding):
         parts' device)."""
         raise NotImplementedError
 
-    def query_batch(self, q, cu, longest, cu_host, *, codec, resident):
+    def query_batch(self, q, cu, longest, cu_host, *, codec, resident, layouts=False):
         Q, mask = packed_to_padded(q, cu, longest)  # the residual and PQ scorers take padded queries
         q_mask = None if bool(mask.all()) else mask
         choice = self.lookup_choice(Q, q_mask, codec) if resident else None  # a resident corpus: the look-up

@@ -169,6 +169,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     # codes on the host, every segment's look-up layout on this GPU (Corpus.to(..., lookup_only=True)):
     # batches the look-up scorer serves read the layouts alone, nothing streamed
     layouts = streamed and all(s.lookup_on(device) is not None for s in corpus.segments)
+    has_layouts = layouts
     budget = int(gpu_memory) if gpu_memory is not None else default_budget(device)
     # bytes a token takes in a chunk buffer: its embedding, its one-byte values and fp32 scale, or its codes
     # (and residual bytes)
@@ -190,7 +191,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
             max_b = int(np.diff(cu_q_host[b0:b1 + 1]).max()) if b1 > b0 else 0
             # the encoding's form of the batch, built once a search
             views = encoding.query_batch(q[t0:t1], cu_b, max_b, cu_q_host[b0:b1 + 1] - t0, codec=codec,
-                                         resident=resident)
+                                         resident=resident, layouts=has_layouts)
             batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
         return plan, batches
 

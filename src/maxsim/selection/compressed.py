@@ -123,6 +123,20 @@ def _pq_lookup(nq, lq, d, sub_dim, dtype, masked, needs_grad, family):
                           (specs.PQ_LOOKUP, T.PQ_LOOKUP_SM90, None)), call, common, lq, nq, family)
 
 
+def onebyte_lookup_choice(Nq: int, Lq: int, d: int, dtype: torch.dtype, masked: bool, needs_grad: bool,
+                          family: str) -> tuple[Choice | None, tuple[tuple[str, str], ...]]:
+    """(the one-byte Gluon scorer and its tile for a search of an int8 / fp8 corpus's layout, or
+    None; why it was not taken). It scores with the query quantised a row as the tokens are, so it
+    serves inference."""
+    return _onebyte_lookup(next_pow2(max(Nq, 1)), Lq, d, dtype, masked, needs_grad, family)
+
+
+@functools.lru_cache(maxsize=512)
+def _onebyte_lookup(nq, lq, d, dtype, masked, needs_grad, family):
+    call = call_of(dtype, d, "packed", masked, False, needs_grad, family)
+    return _first_lookup(((specs.ONEBYTE_GLUON, T.ONEBYTE_GLUON_SM90, 32),), call, None, lq, nq, family)
+
+
 def explain_residual(Q, codec, *, num_docs: int, layout: str = "packed", q_mask=None, normalize: bool = True,
                      decode_dtype=None, requires_grad: bool = False, gpu: str | None = None,
                      quantize_query: bool = False):

@@ -350,6 +350,16 @@ PQ_LOOKUP_GLUON_SM90 = (
     Rule("three queries or more (N 128; 168 registers: 3 programs an SM)", When(),
          _T(qpb=4, BT=64, waves=8, maxnreg=168, pairs=True), _PQ_LOOKUP_RECORD),
 )
+# The one-byte Gluon scorer: the PQ kernel with the token's own words in the A fragment.
+_ONEBYTE_RECORD = "BENCHMARKS.md, One-byte tokens through the same Gluon kernel (benchmarks/pq_probe.py, 2026-12-06)"
+ONEBYTE_GLUON_SM90 = (
+    Rule("one query (row pairs, 16 waves)", When(rows=(1, 32)), _T(qpb=1, BT=128, waves=16, pairs=True),
+         _ONEBYTE_RECORD),
+    Rule("two queries (not measured: as PQ's)", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8, pairs=True),
+         "not tuned"),
+    Rule("three queries or more (4 a program, 168 registers)", When(),
+         _T(qpb=4, BT=64, waves=8, maxnreg=168, pairs=True), _ONEBYTE_RECORD),
+)
 PQ_LOOKUP_SM90 = (
     Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=128, num_warps=4, num_stages=3, waves=8), _PQ_LOOKUP_RECORD),
     Rule("several queries", When(), _T(qpb=2, BT=128, num_warps=4, num_stages=3, waves=8), _PQ_LOOKUP_RECORD),
