@@ -24,9 +24,9 @@ install_int() {  # .whl-int's packages into /tmp/site-int, once a call
 status=0
 for step in "$@"; do
   case "$step" in
-    # TESTS: the test paths (default: all); TEST_TIMEOUT: seconds before the run is stopped.
+    # TESTS: the test paths (default: all); TESTS_K: a -k expression; TEST_TIMEOUT: seconds before the run stops.
     tests) timeout "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider --deselect tests/test_compile_sm90.py \
-             ${TESTS:-tests} -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 \
+             ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} -rs --durations=15 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 \
              || status=1 ;;
     # The whole GPU tier in one call: 8 pytest workers, one test file each at a time (about 8
     # minutes on the H200; the slowest file, tests/varlen/test_trusted_lengths.py, sets the pace).
