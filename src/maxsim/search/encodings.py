@@ -165,16 +165,18 @@ class OneByte(Encoding):
         return dequantize_tokens(main, scales)
 
     def query_batch(self, q, cu, longest, cu_host, *, codec, resident, layouts=False):
-        # the stream kernel's form (query bytes quantised once), else a list of views
-        prepared = prepare_queries(q, cu, longest, self.torch_dtype)
-        if prepared is None:
-            prepared = [q[int(a):int(b)] for a, b in zip(cu_host[:-1], cu_host[1:])]
-        if not layouts:  # tokens only (resident ones are scored where they lie: no second copy)
-            return None, None, None, prepared
-        Q, mask = packed_to_padded(q, cu, longest)  # the one-byte scorer takes padded queries
-        q_mask = None if bool(mask.all()) else mask
-        choice = self.lookup_choice(Q, q_mask, codec)
-        return Q, q_mask, None if isinstance(choice, str) else choice, prepared
+        Q = q_mask = choice = None
+        if layouts:  # the tokens' layouts on the GPU: the one-byte scorer takes padded queries
+            Q, mask = packed_to_padded(q, cu, longest)
+            q_mask = None if bool(mask.all()) else mask
+            choice = self.lookup_choice(Q, q_mask, codec)
+            choice = None if isinstance(choice, str) else choice
+        prepared = None
+        if choice is None:  # the stream kernel's form (query bytes quantised once), else a list of views
+            prepared = prepare_queries(q, cu, longest, self.torch_dtype)
+            if prepared is None:
+                prepared = [q[int(a):int(b)] for a, b in zip(cu_host[:-1], cu_host[1:])]
+        return Q, q_mask, choice, prepared
 
     def score_chunk(self, batch, queries, chunk, segment, start, stop, token_base, *, device, codec):
         Q, q_mask, choice, prepared = batch
