@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
 from maxsim.compressed.residual_gluon import (MAGIC, MAGIC_BITS, cols_layout, document_maxima, mma_layout,
                                               query_slices, rows_layout, strips_layout)
@@ -40,15 +40,20 @@ _LOAD_WORD = gl.constexpr("{ .reg .u32 a; mov.u32 a, global_smem; mad.lo.u32 a, 
 
 
 @gluon.jit
-def _load_codes(codes_ptr, t0, t_hi, off_c, o_row, M: gl.constexpr):
+def _load_codes(codes_ptr, scale_ptr, t0, t_hi, off_c, o_row, o_t, M: gl.constexpr, INT8: gl.constexpr):
     """Tile t0's codes, one [BT, 4, 2] tensor per 32-dimension slice k: element (r, l, b) is the
     code of sub-space 8k + l + 4b of token t0 + r (rows past t_hi: 0; two codes a load). INT8: the
     codes are the token's 32-bit words, word 8k + 4b + l holding coordinates 32 k + 16 b + 4 l + 0..3,
-    stored in the same order (M 32)."""
+    stored in the same order (M 32), and the fifth value is the tokens' scales [BT] in the MMA's row
+    layout (``o_t``), loaded with the words a tile before the epilogue reads them (PQ: ``o_t``
+    itself, a loop-carried value the compiler drops)."""
     p = codes_ptr + t0.to(gl.int64) * M + off_c
     m = (t0 + o_row) < t_hi
+    scales = o_t
+    if INT8:
+        scales = gl.load(scale_ptr + t0 + o_t, mask=t0 + o_t < t_hi, other=0.0)
     return (gl.load(p, mask=m, other=0), gl.load(p + 2, mask=m, other=0), gl.load(p + 4, mask=m, other=0),
-            gl.load(p + 6, mask=m, other=0))
+            gl.load(p + 6, mask=m, other=0), scales)
 
 
 @gluon.jit
@@ -80,31 +85,32 @@ def _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT: gl.constexpr, N: gl.
         acc = gl.zeros([BT, N], gl.float32, mma)
     else:
         acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
+    # Issued without waiting (the next slice's gather overlaps this one's product), waited for once.
     a0 = _slice_operand(c0, sub0, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a0, q_smem.index(0).permute((1, 0)), acc)
+    acc = warpgroup_mma(a0, q_smem.index(0).permute((1, 0)), acc, is_async=True)
     a1 = _slice_operand(c1, sub0 + 8 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a1, q_smem.index(1).permute((1, 0)), acc)
+    acc = warpgroup_mma(a1, q_smem.index(1).permute((1, 0)), acc, is_async=True)
     a2 = _slice_operand(c2, sub0 + 16 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a2, q_smem.index(2).permute((1, 0)), acc)
+    acc = warpgroup_mma(a2, q_smem.index(2).permute((1, 0)), acc, is_async=True)
     a3 = _slice_operand(c3, sub0 + 24 * 256, zero4, a_op, BT, ABLATE, INT8, FP8)
-    acc = warpgroup_mma(a3, q_smem.index(3).permute((1, 0)), acc)
-    return acc
+    acc = warpgroup_mma(a3, q_smem.index(3).permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma_wait(0, deps=[acc])
 
 
 @gluon.jit
-def _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry,
+def _tile_scores(acc, b_qs, b_cn, b_scale, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g, b_carry,
                  carry_doc, LQ: gl.constexpr, QPB: gl.constexpr, BT: gl.constexpr, G: gl.constexpr,
                  mma: gl.constexpr, strips: gl.constexpr, cols: gl.constexpr, rows: gl.constexpr,
                  PAIRS: gl.constexpr, ABLATE: gl.constexpr, INT8: gl.constexpr, FP8: gl.constexpr):
-    """Tile t0's products ``acc`` into scores, then :func:`document_maxima`."""
+    """Tile t0's products ``acc`` into scores (INT8: times each token's scale ``b_scale`` [BT]), then
+    :func:`document_maxima`."""
     if FP8:
         b_s = acc * b_qs[None, :]  # [BT, N]
     else:
         b_f = acc.to(gl.float32, bitcast=True)  # 1.5 * 2**23 + acc, exactly
         b_s = gl.fma(b_f, b_qs[None, :], b_cn[None, :])  # [BT, N]
     if INT8:  # each token's scale
-        o_t = t0 + gl.arange(0, BT, gl.SliceLayout(1, mma))
-        b_s = b_s * gl.load(scale_ptr + o_t, mask=o_t < t_hi, other=0.0)[:, None]
+        b_s = b_s * b_scale[:, None]
     if ABLATE >= 2:  # the probe's ablation: no document maxima (one running max of the columns)
         b_m = gl.convert_layout(gl.max(b_s, axis=0), gl.SliceLayout(0, cols))
         return gl.maximum(b_carry, b_m), carry_doc
@@ -186,17 +192,18 @@ def _pq_lut_gluon_kernel(
     o_g = gl.arange(0, NG, gl.SliceLayout(1, cols))
     b_carry = gl.full([N], NEG_INF, gl.float32, gl.SliceLayout(0, cols))
     carry_doc = (j_lo * 0 - 3).to(gl.int32)
-    c0, c1, c2, c3 = _load_codes(codes_ptr, t_lo, t_hi, off_c, o_row, M)
+    o_t = gl.arange(0, BT, gl.SliceLayout(1, mma))
+    c0, c1, c2, c3, c_scale = _load_codes(codes_ptr, scale_ptr, t_lo, t_hi, off_c, o_row, o_t, M, INT8)
     # Two tiles an iteration, their code buffers swapping roles (the residual Gluon scorer's walk).
     for t0 in range(t_lo, t_hi, 2 * BT):
-        n0, n1, n2, n3 = _load_codes(codes_ptr, t0 + BT, t_hi, off_c, o_row, M)
+        n0, n1, n2, n3, n_scale = _load_codes(codes_ptr, scale_ptr, t0 + BT, t_hi, off_c, o_row, o_t, M, INT8)
         acc = _tile_products(c0, c1, c2, c3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8)
-        b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
+        b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, c_scale, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
                                           t0, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips, cols,
                                           rows, PAIRS, ABLATE, INT8, FP8)
-        c0, c1, c2, c3 = _load_codes(codes_ptr, t0 + 2 * BT, t_hi, off_c, o_row, M)
+        c0, c1, c2, c3, c_scale = _load_codes(codes_ptr, scale_ptr, t0 + 2 * BT, t_hi, off_c, o_row, o_t, M, INT8)
         acc = _tile_products(n0, n1, n2, n3, sub0, zero4, q_smem, BT, N, mma, a_op, ABLATE, INT8, FP8)
-        b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, scale_ptr, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
+        b_carry, carry_doc = _tile_scores(acc, b_qs, b_cn, n_scale, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base,
                                           t0 + BT, t_hi, o_g, b_carry, carry_doc, LQ, QPB, BT, G, mma, strips,
                                           cols, rows, PAIRS, ABLATE, INT8, FP8)
     if ABLATE >= 2:  # keeps the ablated walk's work alive

@@ -24,7 +24,7 @@ import torch
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 MAGIC_BITS = gl.constexpr(0x4B400000)  # bits of 1.5 * 2**23 (see residual_lut)
 MAGIC = gl.constexpr(12582912.0)
@@ -88,29 +88,29 @@ def _load_words(p_codes, off_w, grp: gl.constexpr):
 
 
 @gluon.jit
-def _load_rows(p_cid, p_inv, p_tab, off_t, LQ: gl.constexpr, ROW0: gl.constexpr):
-    """A tile's table rows [BT, N] and inverse norms [BT] in the MMA layout; ``p_cid`` / ``p_inv``
-    the tile's first row, ``p_tab [N]`` each column's table (its query's) at row 0. The ids are
-    trusted: ``build_layout`` checked every one against the table when it built the layout. ROW0
-    (the probe's ablation): every token reads row 0."""
-    b_cid = gl.load(p_cid + off_t)
+def _load_ids(cid_ptr, t0, off_t, ROW0: gl.constexpr):
+    """Tile t0's centroid ids [BT] int32 in the MMA's row layout, loaded a tile before the table
+    rows they address, so the gather never waits on them. ROW0 (the probe's ablation): every token
+    reads row 0."""
+    b_cid = gl.load(cid_ptr + t0 + off_t)
     if ROW0:
         b_cid = b_cid * 0
-    return gl.load(p_tab[None, :] + (b_cid * LQ)[:, None]), gl.load(p_inv + off_t)
+    return b_cid
 
 
 @gluon.jit
-def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, off_w, off_t, W: gl.constexpr,
-               NBITS: gl.constexpr, LQ: gl.constexpr, ABLATE: gl.constexpr):
-    """Tile t0's code words (two groups; 2 bits: the same one twice), table rows and inverse norms.
-    ABLATE (the probe's) 1: every token reads table row 0 (no gather)."""
+def _load_tile(codes_ptr, b_cid, inv_ptr, p_tab, t0, off_w, off_t, W: gl.constexpr, NBITS: gl.constexpr,
+               LQ: gl.constexpr):
+    """Tile t0's code words (two groups; 2 bits: the same one twice), table rows [BT, N] and inverse
+    norms [BT] in the MMA layout; ``b_cid`` its centroid ids (:func:`_load_ids`), ``p_tab [N]``
+    each column's table (its query's) at row 0. The ids are trusted: ``build_layout`` checked every
+    one against the table when it built the layout."""
     w0 = _load_words(codes_ptr + t0 * W, off_w, 0)
     if NBITS == 2:
         w1 = w0
     else:
         w1 = _load_words(codes_ptr + t0 * W, off_w, 1)
-    b_tab, b_inv = _load_rows(cid_ptr + t0, inv_ptr + t0, p_tab, off_t, LQ, ABLATE % 2 == 1)
-    return w0, w1, b_tab, b_inv
+    return w0, w1, gl.load(p_tab[None, :] + (b_cid * LQ)[:, None]), gl.load(inv_ptr + t0 + off_t)
 
 
 @gluon.jit
@@ -166,18 +166,22 @@ def _residual_lut_gluon_kernel(
     # loop-invariant per-thread offsets; each tile adds its first row (a scalar)
     off_w = (gl.arange(0, BT, gl.SliceLayout(1, w_lay)) * W)[:, None] + gl.arange(0, 32, gl.SliceLayout(0, w_lay))[None, :]
     off_t = gl.arange(0, BT, gl.SliceLayout(1, mma))
-    w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ, ABLATE)
+    ROW0: gl.constexpr = ABLATE % 2 == 1
+    c_a = _load_ids(cid_ptr, t_lo, off_t, ROW0)
+    w0, w1, b_tab, b_inv = _load_tile(codes_ptr, c_a, inv_ptr, p_tab, t_lo, off_w, off_t, W, NBITS, LQ)
+    c_b = _load_ids(cid_ptr, t_lo + BT, off_t, ROW0)
     # Two tiles an iteration, their buffers swapping roles (no register copies): tile A is scored
-    # while B's bytes arrive, then B while the next A's arrive. A pair may run one tile past the
-    # run: its groups lie outside [t_lo, t_hi) and change nothing.
+    # while B's bytes arrive, then B while the next A's arrive; each tile's ids arrive a tile
+    # earlier still. A pair may run one tile past the run: its groups lie outside [t_lo, t_hi) and
+    # change nothing (the layout's TAIL_TOKENS cover the reads ahead).
     for t0 in range(t_lo, t_hi, 2 * BT):
-        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ,
-                                          ABLATE)
+        n0, n1, n_tab, n_inv = _load_tile(codes_ptr, c_b, inv_ptr, p_tab, t0 + BT, off_w, off_t, W, NBITS, LQ)
+        c_a = _load_ids(cid_ptr, t0 + 2 * BT, off_t, ROW0)
         b_carry, carry_doc = _score_tile(w0, w1, b_tab, b_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          doc_base, t0, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G, ASM0,
                                          ASM1, ASM2, ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
-        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS,
-                                          LQ, ABLATE)
+        w0, w1, b_tab, b_inv = _load_tile(codes_ptr, c_a, inv_ptr, p_tab, t0 + 2 * BT, off_w, off_t, W, NBITS, LQ)
+        c_b = _load_ids(cid_ptr, t0 + 3 * BT, off_t, ROW0)
         b_carry, carry_doc = _score_tile(n0, n1, n_tab, n_inv, q_smem, b_qs, b_cn, gdoc_ptr, out_ptr, q0, Nq, Nd,
                                          doc_base, t0 + BT, t_hi, o_g, b_carry, carry_doc, NBITS, LQ, QPB, BT, G,
                                          ASM0, ASM1, ASM2, ASM3, mma, a_op, strips, cols, rows, PAIRS, ABLATE)
@@ -215,12 +219,14 @@ def _tile_products(w0, w1, q_smem, BT: gl.constexpr, N: gl.constexpr, ASM0: gl.c
                    ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr,
                    ABLATE: gl.constexpr):
     """A tile's int32 products [BT, N] (biased by MAGIC_BITS) from its code words w0 / w1."""
+    # The four products are issued back to back and waited for once: the tensor cores chain them
+    # while the next slice is expanded.
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
-    acc = warpgroup_mma(_expand(w0, ASM0, a_op, ABLATE), q_smem.index(0).permute((1, 0)), acc)
-    acc = warpgroup_mma(_expand(w0, ASM1, a_op, ABLATE), q_smem.index(1).permute((1, 0)), acc)
-    acc = warpgroup_mma(_expand(w1, ASM2, a_op, ABLATE), q_smem.index(2).permute((1, 0)), acc)
-    acc = warpgroup_mma(_expand(w1, ASM3, a_op, ABLATE), q_smem.index(3).permute((1, 0)), acc)
-    return acc
+    acc = warpgroup_mma(_expand(w0, ASM0, a_op, ABLATE), q_smem.index(0).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(_expand(w0, ASM1, a_op, ABLATE), q_smem.index(1).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(_expand(w1, ASM2, a_op, ABLATE), q_smem.index(2).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(_expand(w1, ASM3, a_op, ABLATE), q_smem.index(3).permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma_wait(0, deps=[acc])
 
 
 @gluon.jit
@@ -306,12 +312,14 @@ def document_maxima(b_s, gdoc_ptr, out_ptr, q0, Nq, Nd, doc_base, t0, t_hi, o_g,
 
 
 def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, waves: int = 8, num_stages: int = 1,
-                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False, ablate: int = 0):
+                 table_dtype=torch.float16, qpb: int = 1, docs=None, pairs: bool = False, maxnreg: int | None = None,
+                 ablate: int = 0):
     """:func:`maxsim.compressed.residual_lut.lut_scores` through the Gluon kernel: Q ``[Nq, Lq <=
     32, 128]`` on a Hopper GPU (each query padded to 32 rows), ``docs`` ``(lo, hi)`` or None (all);
     ``pairs``: the row-pair epilogue (:func:`document_maxima`; the sm90 table's choice from four
-    queries a program). ``ablate`` (the probe's, meaningless scores; a sum of): 1 no table rows,
-    2 no document maxima, 4 no expansion of the codes."""
+    queries a program); ``maxnreg``: a register cap a thread (more programs resident an SM).
+    ``ablate`` (the probe's, meaningless scores; a sum of): 1 no table rows, 2 no document maxima,
+    4 no expansion of the codes."""
     from maxsim.compressed.residual_lut import decoder_asm, prepare_queries
     from maxsim.tuning import multiprocessors
 
@@ -337,5 +345,5 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
         Nd, lo, centroids.shape[0], docs_per_program, n_runs,
         Nq, NBITS=layout.nbits, LQ=LQ, QPB=qpb, BT=block_tokens, G=layout.group,
         ASM0=asms[0], ASM1=asms[1], ASM2=asms[2], ASM3=asms[3], PAIRS=pairs, ABLATE=ablate, num_warps=4,
-        num_stages=num_stages)
+        num_stages=num_stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out

@@ -282,7 +282,7 @@ def _load_tile(codes_ptr, cid_ptr, inv_ptr, p_tab, t0, t_hi, o_tt, num_centroids
 # ---------------------------------------------------------------------- host side
 LUT_DIM = 128  # the decoder's fixed width (4 slices); other widths take the plane-by-plane kernel
 # Rows of padding after a layout's last token (and groups after its last group): the Gluon kernel
-# reads whole tiles (and the next one ahead) without masks.
+# reads whole tiles (the ids up to three tiles ahead: 4 x 128 - 2 rows past a run) without masks.
 TAIL_TOKENS = 512
 
 

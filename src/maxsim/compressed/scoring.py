@@ -229,7 +229,7 @@ def lookup_scores(Q, q_mask, layout, codec, choice, docs=None):
         from .residual_gluon import gluon_scores
 
         return gluon_scores(Q, layout, centroids, q_mask=q_mask, block_tokens=cfg["BT"], waves=cfg["waves"],
-                            qpb=cfg["qpb"], pairs=cfg.get("pairs", False), docs=docs)
+                            qpb=cfg["qpb"], pairs=cfg.get("pairs", False), maxnreg=cfg.get("maxnreg"), docs=docs)
     from .residual_lut import lut_scores
 
     return lut_scores(Q, layout, centroids, q_mask=q_mask, qpb=cfg["qpb"], block_tokens=cfg["BT"],

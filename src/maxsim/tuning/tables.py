@@ -331,7 +331,8 @@ COMPRESSED_TILE_ELEMENTS = 8192
 # tile; waves: programs an SM. Gluon for queries of up to 32 tokens on Hopper, Triton otherwise.
 _LOOKUP_RECORD = "BENCHMARKS.md, PLAID residual codes on the int8 tensor cores (benchmarks/residual_probe.py, 2026-12-06)"
 LOOKUP_GLUON_SM90 = (
-    Rule("one query", When(rows=(1, 32)), _T(qpb=1, BT=64, waves=8), _LOOKUP_RECORD),
+    Rule("one query (128 registers: 4 programs an SM)", When(rows=(1, 32)), _T(qpb=1, BT=64, waves=8, maxnreg=128),
+         _LOOKUP_RECORD),
     Rule("two or three queries", When(rows=(33, 96)), _T(qpb=2, BT=64, waves=8), _LOOKUP_RECORD),
     Rule("four queries or more (N 128; row pairs reduced before the tile's maxima)", When(),
          _T(qpb=4, BT=64, waves=8, pairs=True), _LOOKUP_RECORD),
@@ -353,8 +354,8 @@ PQ_LOOKUP_GLUON_SM90 = (
 # The one-byte Gluon scorer: the PQ kernel with the token's own words in the A fragment.
 _ONEBYTE_RECORD = "BENCHMARKS.md, One-byte tokens through the same Gluon kernel (benchmarks/pq_probe.py, 2026-12-06)"
 ONEBYTE_GLUON_SM90 = (
-    Rule("one query (row pairs, 16 waves)", When(rows=(1, 32)), _T(qpb=1, BT=128, waves=16, pairs=True),
-         _ONEBYTE_RECORD),
+    Rule("one query (row pairs, 16 waves, 168 registers: 3 programs an SM)", When(rows=(1, 32)),
+         _T(qpb=1, BT=128, waves=16, maxnreg=168, pairs=True), _ONEBYTE_RECORD),
     Rule("two queries (not measured: as PQ's)", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8, pairs=True),
          "not tuned"),
     Rule("three queries or more (4 a program, 168 registers)", When(),
