@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [headline] [headline10m] [launchfloor] [chamfer]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [launchfloor] [chamfer]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network):
 #   pip download -q --no-deps -d .whl flash-maxsim==0.3.0 late-interaction-kernels==0.4.5   (200 KB)
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
@@ -97,6 +97,14 @@ for step in "$@"; do
                | tee "$OUT/pq-ncu${variant:+-pairs}.txt" | grep -E "Duration|Throughput|Occupancy|Registers|Bank|Stall|Warp Cycles" \
                | head -30 || status=1
            done ;;
+    # Nsight Compute on the residual Gluon scorer Corpus.search picks (2 bits, 1M documents; RESIDUAL_NCU_ARGS,
+    # e.g. --profile-queries 32): occupancy, issue slots and each stall reason's cycles an issued instruction.
+    residualncu) timeout "${RESIDUAL_NCU_TIMEOUT:-240}" ncu --clock-control none -k regex:_residual_lut_gluon \
+                   --launch-skip 1 --launch-count 1 --section SchedulerStats --section WarpStateStats --section Occupancy \
+                   --section LaunchStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+                   python3 benchmarks/residual_probe.py --profile --docs 1000000 ${RESIDUAL_NCU_ARGS:-} 2>&1 \
+                   | tee "$OUT/residual-ncu.txt" | grep -E "stalled|Issue|Occupancy|Registers|Warp Cycles|Eligible|scorer" \
+                   | head -60 || status=1 ;;
     # Exhaustive search of compressed corpora at HEADLINE_DOCS (default 1M), refined from float16
     # (HEADLINE_ENCODINGS, HEADLINE_FACTORS): Corpus.search end to end with each look-up scorer.
     headline) timeout "${HEADLINE_TIMEOUT:-560}" python3 benchmarks/headline_bench.py --docs "${HEADLINE_DOCS:-1000000}" \

@@ -165,12 +165,15 @@ def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
                                                - onebyte_emulation(Qc, lay_s)).abs().max())}
     print(f"  {fmt} correctness", out, flush=True)
     Q1, Q32 = queries(1), queries(32)
-    for label, Q, kw in ((f"{fmt} gluon BT128 waves8", Q1, {}),
-                         (f"{fmt} gluon pairs BT128 waves8", Q1, dict(pairs=True)),
-                         (f"{fmt} gluon pairs BT128 waves16", Q1, dict(pairs=True, waves=16)),
+    # 168 registers: 3 programs resident an SM, so waves that are multiples of 3 leave no partial round
+    capped = [(f"{fmt} gluon pairs BT128 waves{w} maxnreg168", Q1, dict(pairs=True, waves=w, maxnreg=168))
+              for w in (3, 6, 9, 12, 15, 16, 18)]
+    for label, Q, kw in [(f"{fmt} gluon pairs BT128 waves16", Q1, dict(pairs=True, waves=16))] + capped + [
                          (f"q32 {fmt} gluon pairs qpb4 BT64 maxnreg168", Q32,
                           dict(pairs=True, qpb=4, block_tokens=64, maxnreg=168)),
-                         (f"{fmt} gluon ablation: no document max", Q1, dict(ablate=2))):
+                         (f"q32 {fmt} gluon pairs qpb4 BT64 maxnreg168 waves6", Q32,
+                          dict(pairs=True, qpb=4, block_tokens=64, maxnreg=168, waves=6)),
+                         (f"{fmt} gluon ablation: no document max", Q1, dict(ablate=2))]:
         out[label] = median_ms(lambda: onebyte_scores(Q, layout, **kw))
         print(f"  {label:34s} {out[label]:.3f}", flush=True)
     for nq, Q in ((1, Q1), (32, Q32)):
@@ -191,6 +194,8 @@ def main():
     # benchmarks/HISTORY.md)
     variants = [dict(label="gluon BT128 waves8", gluon=True),
                 dict(label="gluon pairs BT128 waves8 maxnreg128", gluon=True, pairs=True, maxnreg=128),
+                dict(label="gluon pairs BT128 waves4 maxnreg128", gluon=True, pairs=True, maxnreg=128, waves=4),
+                dict(label="gluon pairs BT128 waves12 maxnreg128", gluon=True, pairs=True, maxnreg=128, waves=12),
                 dict(label="q32 gluon pairs qpb4 BT64 maxnreg168", gluon=True, pairs=True, queries=32, qpb=4,
                      block_tokens=64, maxnreg=168),
                 dict(label="gluon ablation: no gather", gluon=True, ablate=1),

@@ -221,20 +221,24 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--ablations", action="store_true", help="also time the Triton scorer's ablations")
-    p.add_argument("--profile", action="store_true", help="build one 2-bit case, score it twice (for ncu)")
+    p.add_argument("--profile", action="store_true", help="build one 2-bit case, score it three times with the "
+                   "scorer Corpus.search picks (for ncu)")
+    p.add_argument("--profile-queries", type=int, default=1, help="queries a --profile call")
     p.add_argument("--skip", nargs="*", default=[], help="providers to leave out: fp16 plane gemlite search")
     p.add_argument("--sweep", action="store_true", help="also time the Gluon scorer's tile variants")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = [
-        dict(label="gluon BT64", gluon=True), dict(label="gluon BT64 pairs", gluon=True, pairs=True),
+        dict(label="gluon BT64 maxnreg128", gluon=True, maxnreg=128), dict(label="gluon BT64", gluon=True),
+        dict(label="gluon BT64 pairs", gluon=True, pairs=True),
         dict(label="BT128 w4 waves8", waves=8),
     ]
     if args.sweep:  # the Gluon scorer's knobs
         variants += [dict(label="gluon BT64 fp32 table", gluon=True, table="fp32"),
                      dict(label="gluon BT128", gluon=True, block_tokens=128),
-                     dict(label="gluon BT64 waves4", gluon=True, waves=4),
-                     dict(label="gluon BT64 waves16", gluon=True, waves=16),
+                     dict(label="gluon BT64 waves4 maxnreg128", gluon=True, waves=4, maxnreg=128),
+                     dict(label="gluon BT64 waves12 maxnreg128", gluon=True, waves=12, maxnreg=128),
+                     dict(label="gluon BT64 waves16 maxnreg128", gluon=True, waves=16, maxnreg=128),
                      dict(label="q32 gluon qpb4 fp32 table", queries=32, gluon=True, qpb=4, table="fp32")]
     if args.ablations:
         variants += [
@@ -251,14 +255,20 @@ def main():
                  dict(label="q32 gluon qpb2", queries=32, gluon=True, qpb=2),
                  dict(label="q32 gluon qpb4", queries=32, gluon=True, qpb=4),
                  dict(label="q32 gluon qpb4 pairs", queries=32, gluon=True, qpb=4, pairs=True)]
-    if args.profile:  # one launch under ncu: the default tile, 2 bits
-        from maxsim.compressed.residual_lut import build_layout, lut_scores
+    if args.profile:  # a few launches under ncu: what Corpus.search runs (the sm90 table's choice), 2 bits
+        from maxsim.compressed.residual_lut import build_layout
+        from maxsim.compressed.scoring import lookup_scorer, lookup_scores
 
         codec, codes, residuals, cu = make_case(2, args.docs)
         layout = build_layout(codec, codes, residuals, cu)
-        Q = queries(1)
-        for _ in range(2):
-            lut_scores(Q, layout, codec.centroids)
+        del codes, residuals
+        Q = queries(args.profile_queries)
+        choice = lookup_scorer(Q, None, codec)
+        if isinstance(choice, str):
+            raise SystemExit(f"no look-up scorer here: {choice}")
+        print("scorer:", choice.kernel, choice.config, flush=True)
+        for _ in range(3):
+            lookup_scores(Q, None, layout, codec, choice)
         torch.cuda.synchronize()
         return
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
