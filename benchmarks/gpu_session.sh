@@ -50,7 +50,7 @@ for step in "$@"; do
             -rs 2>&1 | tee "$OUT/fp32-tests.log" | grep -E "^FAILED|^ERROR|passed|failed" | tail -10
           timeout "${FP32_BENCH_TIMEOUT:-300}" python3 -m maxsim bench --out "$OUT" --quick --timeout 60 \
             --shapes "${FP32_SHAPES:-fp32}" \
-            --providers "${FP32_PROVIDERS:-maxsim,maxsim-ieee,maxsim-fp16x3,late-interaction-kernels,flash-maxsim}" \
+            --providers "${FP32_PROVIDERS:-maxsim,maxsim-tf32,late-interaction-kernels,flash-maxsim}" \
             2>&1 | tee "$OUT/fp32-bench.log" | tail -30
           timeout "${FP32_TRAIN_TIMEOUT:-150}" python3 -m maxsim bench --out "$OUT" --mode train --quick --timeout 60 \
             --shapes "${FP32_TRAIN_SHAPES:-fp32_train}" --providers maxsim,late-interaction-kernels,flash-maxsim \

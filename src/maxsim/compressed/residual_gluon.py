@@ -59,8 +59,9 @@ def cols_layout(NG):
 
 @gluon.constexpr_function
 def rows_layout(QPB, LQ):
-    """[NG, QPB, LQ]: each query's rows in-thread (summed there)."""
-    return gl.BlockedLayout([1, 1, LQ], [32 // QPB, QPB, 1], [1, 1, 4], [2, 1, 0])
+    """[NG, QPB, LQ]: a query's rows over 4 lanes, LQ / 4 a thread (summed in-thread, then across
+    the 4 lanes in two shuffles)."""
+    return gl.BlockedLayout([1, 1, LQ // 4], [8 // QPB, QPB, 4], [1, 1, 4], [2, 1, 0])
 
 
 @gluon.jit
