@@ -220,8 +220,8 @@ def _tile_products(w0, w1, q_smem, BT: gl.constexpr, N: gl.constexpr, ASM0: gl.c
                    ASM2: gl.constexpr, ASM3: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr,
                    ABLATE: gl.constexpr):
     """A tile's int32 products [BT, N] (biased by MAGIC_BITS) from its code words w0 / w1."""
-    # The four products are issued back to back and waited for once: the tensor cores chain them
-    # while the next slice is expanded.
+    # The four products are issued back to back and waited for once: one tensor-core round trip a
+    # tile, not four.
     acc = gl.full([BT, N], MAGIC_BITS, gl.int32, mma)
     acc = warpgroup_mma(_expand(w0, ASM0, a_op, ABLATE), q_smem.index(0).permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma(_expand(w0, ASM1, a_op, ABLATE), q_smem.index(1).permute((1, 0)), acc, is_async=True)
