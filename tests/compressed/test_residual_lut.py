@@ -246,6 +246,18 @@ def test_layout_pads_documents_by_repeating_their_last_token():
                                               (small.inv_norm, layout.inv_norm), (small.cu, layout.cu)))
 
 
+def test_the_layout_tail_covers_the_gluon_scorers_reads_ahead():
+    """The Gluon scorer walks two tiles an iteration and loads the ids a tile ahead of that, without
+    masks: a run's last iteration reads up to 4 tiles - 2 rows past its end, which the layout's tail
+    must hold for every tile it takes (and the sm90 table picks)."""
+    from maxsim.compressed.residual_gluon import GLUON_BLOCK_TOKENS
+    from maxsim.compressed.residual_lut import TAIL_TOKENS
+    from maxsim.tuning.tables import LOOKUP_GLUON_SM90
+
+    assert {rule.tile["BT"] for rule in LOOKUP_GLUON_SM90} <= set(GLUON_BLOCK_TOKENS)
+    assert all(4 * bt - 2 <= TAIL_TOKENS for bt in GLUON_BLOCK_TOKENS)
+
+
 def test_rejects_what_the_decoder_cannot_read():
     x = torch.nn.functional.normalize(torch.randn(500, 64), dim=-1)
     codec = ResidualCodec.train(x, 2, num_centroids=8)

@@ -224,6 +224,8 @@ def run_kernel(Q, layout, quantize, codes, words, scales, *, docs=None, block_to
 
     if Q.shape[1] > 32:
         raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
+    if block_tokens not in (64, 128):  # the tiles its fragment layout is written for
+        raise ValueError(f"the Gluon scorer's block_tokens must be 64 or 128, got {block_tokens!r}")
     Nq = Q.shape[0]
     cu, out = document_range(layout, Nq, docs, Q.device)
     Nd = out.shape[1]

@@ -26,6 +26,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+# The tiles the kernel's code-word layout is written for; a run reads ids up to 4 tiles - 2 rows
+# past its end (residual_lut.TAIL_TOKENS covers the largest).
+GLUON_BLOCK_TOKENS = (64, 128)
 MAGIC_BITS = gl.constexpr(0x4B400000)  # bits of 1.5 * 2**23 (see residual_lut)
 MAGIC = gl.constexpr(12582912.0)
 
@@ -334,6 +337,8 @@ def gluon_scores(Q, layout, centroids, *, q_mask=None, block_tokens: int = 64, w
         raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
     if ablate not in range(8):
         raise ValueError(f"ablate must be 0 to 7, got {ablate!r}")
+    if block_tokens not in GLUON_BLOCK_TOKENS:
+        raise ValueError(f"the Gluon scorer's block_tokens must be one of {GLUON_BLOCK_TOKENS}, got {block_tokens!r}")
     q8, qs, tab, LQ = prepare_queries(Q, centroids, layout.scale, q_mask=q_mask, qpb=qpb, table_dtype=table_dtype,
                                       rows=32)
     slots = waves * multiprocessors(Q.device.index or 0)
