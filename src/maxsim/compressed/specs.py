@@ -3,6 +3,8 @@ data (no kernel imports: :mod:`maxsim.selection.compressed` checks calls against
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from maxsim._capability import KernelSpec
@@ -76,17 +78,11 @@ PQ_LOOKUP_GLUON = KernelSpec(
     families=("sm90",),
     triton=((3, 6),),
 )
-ONEBYTE_GLUON = KernelSpec(
-    "compressed.onebyte_gluon",
-    "Gluon (Hopper): one-byte tokens (int8 / e4m3) scored on the 8-bit tensor cores, each token's "
-    "bytes loaded straight into the wgmma's register operand, the query quantised per row the same way",
-    dtypes=(torch.float16, torch.bfloat16, torch.float32),
-    dims=(128,),
-    layouts=("packed",),
-    argmax=False,
-    families=("sm90",),
-    triton=((3, 6),),
-)
+# The same Gluon kernel with each token's own words in the register operand: the same reach.
+ONEBYTE_GLUON = dataclasses.replace(
+    PQ_LOOKUP_GLUON, name="compressed.onebyte_gluon",
+    summary="Gluon (Hopper): one-byte tokens (int8 / e4m3) scored on the 8-bit tensor cores, each token's "
+            "bytes loaded straight into the wgmma's register operand, the query quantised per row the same way")
 PQ_LOOKUP = KernelSpec(
     "compressed.pq_lookup",
     "Triton: the PQ look-up scorer (each code's 4 int8 coordinates gathered as one 32-bit word of the "

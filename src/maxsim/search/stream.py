@@ -168,8 +168,8 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
     streamed = device.type == "cuda" and corpus.device.type == "cpu"
     # codes on the host, every segment's look-up layout on this GPU (Corpus.to(..., lookup_only=True)):
     # batches the look-up scorer serves read the layouts alone, nothing streamed
-    layouts = streamed and all(s.lookup_on(device) is not None for s in corpus.segments)
-    has_layouts = layouts
+    has_layouts = streamed and all(s.lookup_on(device) is not None for s in corpus.segments)
+    layouts_only = has_layouts  # False below when a batch the layouts cannot serve streams the codes
     budget = int(gpu_memory) if gpu_memory is not None else default_budget(device)
     # bytes a token takes in a chunk buffer: its embedding, its one-byte values and fp32 scale, or its codes
     # (and residual bytes)
@@ -195,13 +195,13 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
             batches.append((q[t0:t1], cu_b, max_b, views, RunningTopK(b1 - b0, k, device)))
         return plan, batches
 
-    plan, batches = plan_batches(streamed and not layouts, not streamed or layouts)
-    if layouts and any(views[2] is None for *_, views, _ in batches):
+    plan, batches = plan_batches(streamed and not layouts_only, not streamed or layouts_only)
+    if layouts_only and any(views[2] is None for *_, views, _ in batches):
         # a batch the layouts cannot serve: the codes stream as from any host corpus (the batches
         # the look-up scorer serves still read the layouts)
-        layouts = False
+        layouts_only = False
         plan, batches = plan_batches(True, True)
-    elif layouts:
+    elif layouts_only:
         streamed = False  # no chunk's codes are read: score_chunk scores the layouts
 
     # The work: (segment, start, stop) chunks of every segment.
@@ -236,7 +236,7 @@ def search_corpus(corpus, Q, k, *, q_mask=None, batch_size=None, gpu_memory=None
         else:
             for segment, start, stop in work:
                 parts = segment.parts()
-                if layouts:
+                if layouts_only:
                     score(None, segment, start, stop, 0)
                 elif parts[0].device != device:  # a GPU corpus searched on the CPU (or another GPU)
                     t0, t1 = int(segment.offsets[start]), int(segment.offsets[stop])
