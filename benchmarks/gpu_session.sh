@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [launchfloor] [chamfer]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [launchfloor] [tiles] [chamfer]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network):
 #   pip download -q --no-deps -d .whl flash-maxsim==0.3.0 late-interaction-kernels==0.4.5   (200 KB)
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
@@ -79,6 +79,9 @@ for step in "$@"; do
              --docs "${SERVE_DOCS:-1000000}" --clients "${SERVE_CLIENTS:-64}" --seconds 20 --out "$OUT/serve.json" \
              2>&1 | tee "$OUT/serve.log" | tail -6 || status=1 ;;
     # A small call's floors (issue 56 point 2): the empty kernel, the bytes, the call, its kernels.
+    # Dense forward tiles on the shapes that trail a peer (benchmarks/tile_sweep.sh; SWEEP=bar|fp32).
+    tiles) timeout "${TILES_TIMEOUT:-420}" bash benchmarks/tile_sweep.sh 2>&1 | tee "$OUT/tile-sweep.log" | tail -40 \
+             || status=1 ;;
     launchfloor) timeout 200 python3 benchmarks/launch_floor.py --out "$OUT/launch_floor.json" 2>&1 \
                    | tee "$OUT/launch_floor.log" | tail -8 || status=1 ;;
     # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).

@@ -145,6 +145,33 @@ def test_documents_in_groups_give_the_same_bits(monkeypatch):
     assert len(launches) == 3
 
 
+def test_one_group_copy_is_alive_at_a_time(monkeypatch):
+    """The bound is on the peak: each group's fp16 copy is freed before the next one is made (a
+    copy held over a loop iteration doubled the fp32 searches' scratch on the H100)."""
+    import weakref
+
+    from maxsim.dense import ops
+
+    monkeypatch.setattr(T, "SPLIT16_MIN_ROWS", 0)
+    monkeypatch.setattr(T, "SPLIT16_MIN_PRODUCTS", 0)
+    monkeypatch.setattr(T, "SPLIT16_CHUNK_BYTES", 2 * 6 * 3 * 32 * 2)  # two documents a group
+    Q, D = _unit(3, 5, 32), _unit(7, 6, 32, seed=8)
+    copies, alive_at_each_copy = [], []
+    real = ops.split_fp16x3
+
+    def tracked(x, *, document, normalize):
+        if document:
+            alive_at_each_copy.append(sum(ref() is not None for ref in copies))
+        out = real(x, document=document, normalize=normalize)
+        if document:
+            copies.append(weakref.ref(out[0]))
+        return out
+
+    monkeypatch.setattr(ops, "split_fp16x3", tracked)
+    maxsim.maxsim(Q, D, precision="fp16x3")
+    assert alive_at_each_copy == [0, 0, 0, 0]  # four groups, none outliving its launch
+
+
 def test_split_scratch_is_bounded():
     """The copy never takes more than 256 MB or 5 % of the documents, whichever is larger; a packed
     call whose copy would pass it takes the on-chip split (no copy)."""

@@ -62,6 +62,7 @@ def _run_forward_split(Q, D, q_mask, d_mask, normalize, multiply, save_argmax):
         d3, d_exp = split_fp16x3(D[:, start:start + step], document=True, normalize=normalize)  # [G, n, Ld, 3d]
         mask = None if d_mask is None else d_mask[:, start:start + step]
         scores, argmax = _run_forward(q3, d3, q_mask, mask, False, multiply, save_argmax)
+        del d3  # freed before the next group's copy: one copy at a time, or the peak is twice the bound
         parts.append((unscale(scores, q_exp, d_exp), argmax))
     if len(parts) == 1:
         return parts[0]

@@ -345,8 +345,8 @@ LOOKUP_TRITON_SM90 = (
 # The PQ look-up scorer (maxsim.compressed.pq_lut), same knobs as the residual's Triton scorer.
 _PQ_LOOKUP_RECORD = "BENCHMARKS.md, PQ codes on the int8 tensor cores (benchmarks/pq_probe.py, 2026-12-06)"
 PQ_LOOKUP_GLUON_SM90 = (
-    Rule("one query (row pairs reduced before the tile's maxima; 128 registers)", When(rows=(1, 32)),
-         _T(qpb=1, BT=128, waves=8, maxnreg=128, pairs=True), _PQ_LOOKUP_RECORD),
+    Rule("one query (row pairs reduced before the tile's maxima; 128 registers: 4 programs an SM, 3 rounds)",
+         When(rows=(1, 32)), _T(qpb=1, BT=128, waves=12, maxnreg=128, pairs=True), _PQ_LOOKUP_RECORD),
     Rule("two queries", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8, pairs=True), _PQ_LOOKUP_RECORD),
     Rule("three queries or more (N 128; 168 registers: 3 programs an SM)", When(),
          _T(qpb=4, BT=64, waves=8, maxnreg=168, pairs=True), _PQ_LOOKUP_RECORD),
@@ -354,8 +354,8 @@ PQ_LOOKUP_GLUON_SM90 = (
 # The one-byte Gluon scorer: the PQ kernel with the token's own words in the A fragment.
 _ONEBYTE_RECORD = "BENCHMARKS.md, One-byte tokens through the same Gluon kernel (benchmarks/pq_probe.py, 2026-12-06)"
 ONEBYTE_GLUON_SM90 = (
-    Rule("one query (row pairs, 16 waves, 168 registers: 3 programs an SM)", When(rows=(1, 32)),
-         _T(qpb=1, BT=128, waves=16, maxnreg=168, pairs=True), _ONEBYTE_RECORD),
+    Rule("one query (row pairs, 168 registers: 3 programs an SM; 9 a SM, whole rounds)", When(rows=(1, 32)),
+         _T(qpb=1, BT=128, waves=9, maxnreg=168, pairs=True), _ONEBYTE_RECORD),
     Rule("two queries (not measured: as PQ's)", When(rows=(33, 64)), _T(qpb=2, BT=128, waves=8, pairs=True),
          "not tuned"),
     Rule("three queries or more (4 a program, 168 registers)", When(),
