@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [launchfloor] [tiles] [chamfer]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [launchfloor] [tiles] [head] [chamfer]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network):
 #   pip download -q --no-deps -d .whl flash-maxsim==0.3.0 late-interaction-kernels==0.4.5   (200 KB)
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
@@ -82,6 +82,9 @@ for step in "$@"; do
     # Dense forward tiles on the shapes that trail a peer (benchmarks/tile_sweep.sh; SWEEP=bar|fp32).
     tiles) timeout "${TILES_TIMEOUT:-420}" bash benchmarks/tile_sweep.sh 2>&1 | tee "$OUT/tile-sweep.log" | tail -40 \
              || status=1 ;;
+    # maxsim_from_hidden: fused head, unfused path, the selection's pick, lik's head (HEAD_SHAPES).
+    head) timeout "${HEAD_TIMEOUT:-300}" python3 benchmarks/head_bench.py --shapes "${HEAD_SHAPES:-1x10k,inbatch64,8x10k,16x1k}" \
+            --out "$OUT/head.json" 2>&1 | tee "$OUT/head.log" | tail -30 || status=1 ;;
     launchfloor) timeout 200 python3 benchmarks/launch_floor.py --out "$OUT/launch_floor.json" 2>&1 \
                    | tee "$OUT/launch_floor.log" | tail -8 || status=1 ;;
     # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).
