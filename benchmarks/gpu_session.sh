@@ -79,9 +79,10 @@ for step in "$@"; do
              --docs "${SERVE_DOCS:-1000000}" --clients "${SERVE_CLIENTS:-64}" --seconds 20 --out "$OUT/serve.json" \
              2>&1 | tee "$OUT/serve.log" | tail -6 || status=1 ;;
     # A small call's floors (issue 56 point 2): the empty kernel, the bytes, the call, its kernels.
-    # Dense forward tiles on the shapes that trail a peer (benchmarks/tile_sweep.sh; SWEEP=bar|fp32).
-    tiles) timeout "${TILES_TIMEOUT:-420}" bash benchmarks/tile_sweep.sh 2>&1 | tee "$OUT/tile-sweep.log" | tail -40 \
-             || status=1 ;;
+    # Dense forward tiles on the shapes that trail a peer (benchmarks/tile_sweep.sh; SWEEPS: its sets).
+    tiles) for sweep in ${SWEEPS:-bar bar128 masked masked64}; do
+             SWEEP=$sweep timeout "${TILES_TIMEOUT:-150}" bash benchmarks/tile_sweep.sh 2>&1
+           done | tee "$OUT/tile-sweep.log" | tail -60 || status=1 ;;
     # maxsim_from_hidden: fused head, unfused path, the selection's pick, lik's head (HEAD_SHAPES).
     head) timeout "${HEAD_TIMEOUT:-300}" python3 benchmarks/head_bench.py --shapes "${HEAD_SHAPES:-1x10k,inbatch64,8x10k,16x1k}" \
             --out "$OUT/head.json" 2>&1 | tee "$OUT/head.log" | tail -30 || status=1 ;;

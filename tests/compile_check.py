@@ -116,6 +116,8 @@ def dense_forward_variants():
                                                           MASK_LANES=MASK_ROW_LANES), \
         dict(ptrs, q_ptr="bf16", d_ptr="bf16", qmask_ptr="i64", dmask_ptr="i64"), 8, 3
     yield "fwd TMA padded ColPali", *tma(dict(base, BM=32, BN=128, HAS_DMASK=True, MASK_LANES=MASK_ROW_LANES)), 4, 3
+    # flat_walk tiles: a small masked rerank's every tile, padded rows predicated off (no TMA)
+    yield "fwd padded small rerank (flat walk)", dict(base, BM=32, BN=32, HAS_DMASK=True), ptrs, 2, 3
     yield "fwd argmax (training)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True), ptrs, 8, 3
     yield "fwd flowing argmax (PyLate's training: multiply)", dict(base, SAVE_ARGMAX=True, HAS_DMASK=True,
                                                                  MULTIPLY=True, FLOWING=True), ptrs, 8, 3

@@ -169,7 +169,7 @@ def test_both_max_strategies_every_tile_shape(row_max, bm, bn):
             assert torch.equal(arg.long().cpu(), ref_arg)
 
 
-@pytest.mark.parametrize("lanes", [16, None], ids=["mask-row-in-pieces", "mask-row-at-once"])
+@pytest.mark.parametrize("lanes", [16, None, "flat"], ids=["mask-row-in-pieces", "mask-row-at-once", "flat-walk"])
 @pytest.mark.parametrize("layout", ["cross", "candidates"])
 @pytest.mark.parametrize("row_max", [False, True], ids=["running-max", "row-max"])
 def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max, lanes, monkeypatch):
@@ -177,12 +177,14 @@ def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max, l
     # Lengths on and around tile edges (BN = 16), empty documents, holes inside a document, NaN in
     # the padding, a number mask and a bad value: scores and argmax equal the oracle's. With 16
     # lanes, mask rows longer than that are read in pieces: last real tokens in each piece, an
-    # empty piece before a real one and after it.
+    # empty piece before a real one and after it. A tile with flat_walk walks every tile instead,
+    # padded rows predicated off: the same answers.
     from maxsim.tuning.configs import ForwardConfig
     from maxsim.dense import forward
     from maxsim.dense.forward import _constexprs, _mask_lanes, maxsim_forward
 
-    if lanes is not None:
+    flat = lanes == "flat"
+    if lanes is not None and not flat:
         monkeypatch.setattr(forward, "MASK_ROW_LANES", lanes)
 
     Nq, Nd, Lq, Ld, d = 2, 12, 9, 50, 24
@@ -195,12 +197,17 @@ def test_padding_walk_stops_at_each_documents_last_real_token(layout, row_max, l
     D[~d_mask] = float("nan")  # never read, never a score
     D[:, 9, 47] = D[:, 9, 2]  # an exact tie across tiles
     q_mask = torch.rand(Nq, Lq, device=KERNEL_DEVICE) > 0.2
-    cfg = ForwardConfig(BM=16, BN=16, BK=32, num_warps=4, num_stages=1, waves=1, row_max=row_max)
-    assert _constexprs(cfg, d, 16, True, True, False, False, True, Q.dtype, False, False,
-                       mask_lanes=_mask_lanes(True, False))["MASK_LANES"] == (lanes or forward.MASK_ROW_LANES)
+    cfg = ForwardConfig(BM=16, BN=16, BK=32, num_warps=4, num_stages=1, waves=1, row_max=row_max, flat_walk=flat)
+    lanes_run = _constexprs(cfg, d, 16, True, True, False, False, True, Q.dtype, False, False,
+                            mask_lanes=_mask_lanes(True, False, cfg.flat_walk))["MASK_LANES"]
+    assert lanes_run == (0 if flat else lanes or forward.MASK_ROW_LANES)
     D_view, dm_view = (D, d_mask) if layout == "candidates" else (D[0], d_mask[0])
     ref, ref_arg = oracle(Q, D_view.nan_to_num(0.0), q_mask, dm_view)
+    launched, real_launch = [], forward.launch
+    monkeypatch.setattr(forward, "launch", lambda k, grid, args, consts, **kw: (
+        launched.append(consts["MASK_LANES"]), real_launch(k, grid, args, consts, **kw))[1])
     out, arg = maxsim_forward(Q, D, q_mask, d_mask, save_argmax=True, config=cfg)
+    assert launched == [lanes_run]  # the walk the tile asked for is the one that ran
     assert torch.equal(out.double().cpu(), ref) and torch.equal(arg.long().cpu(), ref_arg)
     # PyLate's attention mask (int64) gives the same; a 2 makes only its document NaN.
     numbers = d_mask.long()
@@ -232,7 +239,7 @@ def test_padding_walk_only_where_it_holds():
     from maxsim.dense.forward import MASK_ROW_LANES, _mask_lanes
 
     assert _mask_lanes(True, False) == MASK_ROW_LANES > 0
-    assert _mask_lanes(False, False) == 0 and _mask_lanes(True, True) == 0
+    assert _mask_lanes(False, False) == 0 and _mask_lanes(True, True) == 0 and _mask_lanes(True, False, True) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -444,7 +444,7 @@ def _launch_forward(Q, D, qm, dm, argmax, cfg, warp_specialized, multiply, norma
     constexprs = _constexprs(cfg, d, seg, qm is not None, dm is not None, multiply, normalize, argmax is not None,
                              Q.dtype, interpret, use_tma, precision, flowing and argmax is not None,
                              qm is not None and qm.dtype != torch.bool, dm is not None and dm.dtype != torch.bool,
-                             _mask_lanes(dm is not None, multiply))
+                             _mask_lanes(dm is not None, multiply, cfg.flat_walk))
     replay = launch(_maxsim_fwd_kernel, (n_programs,), args, constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if plan_key is not None and replay is not None:
@@ -522,11 +522,12 @@ def _constexprs(cfg: ForwardConfig, d: int, seg: int, has_qmask: bool, has_dmask
 MASK_ROW_LANES = 512
 
 
-def _mask_lanes(has_dmask: bool, multiply: bool) -> int:
+def _mask_lanes(has_dmask: bool, multiply: bool, flat_walk: bool = False) -> int:
     """``MASK_ROW_LANES`` for the walk that stops at each document's last real token, or 0 for the
-    flat walk over every tile: without a document mask there is no padding, and under PyLate's rule
-    (``multiply``) a masked token still takes part in the max."""
-    return MASK_ROW_LANES if has_dmask and not multiply else 0
+    flat walk over every tile: without a document mask there is no padding, under PyLate's rule
+    (``multiply``) a masked token still takes part in the max, and a tile may ask for the flat walk
+    (``ForwardConfig.flat_walk``)."""
+    return MASK_ROW_LANES if has_dmask and not multiply and not flat_walk else 0
 
 
 def _tma_ready(D: torch.Tensor, cfg: ForwardConfig) -> bool:

@@ -200,7 +200,7 @@ class ForwardPlan:
 
 
 def parse_tile(spec: str | None) -> tuple[ForwardConfig, bool] | None:
-    """``"BM=128,BN=64,BK=128,num_warps=8,num_stages=3[,waves=2,row_max=1,tma=1,kernel=ws]"`` ->
+    """``"BM=128,BN=64,BK=128,num_warps=8,num_stages=3[,waves=2,row_max=1,tma=1,flat_walk=1,kernel=ws]"`` ->
     (tile, warp_specialized): the forced tile of ``MAXSIM_FORWARD_TILE`` (tuning sweeps:
     ``python -m maxsim bench --forward-tile``)."""
     if not spec:
@@ -211,8 +211,9 @@ def parse_tile(spec: str | None) -> tuple[ForwardConfig, bool] | None:
     unknown = set(fields) - set(names)
     if unknown or not {"BM", "BN", "BK", "num_warps", "num_stages"} <= set(fields):
         raise ValueError(f"maxsim: MAXSIM_FORWARD_TILE needs BM, BN, BK, num_warps, num_stages "
-                         f"(and may set waves, row_max, tma, kernel); got {spec!r}")
-    values = {k: (v.lower() in ("1", "true", "yes")) if k in ("row_max", "tma") else int(v) for k, v in fields.items()}
+                         f"(and may set waves, row_max, tma, flat_walk, kernel); got {spec!r}")
+    flags = ("row_max", "tma", "flat_walk")
+    values = {k: (v.lower() in ("1", "true", "yes")) if k in flags else int(v) for k, v in fields.items()}
     return ForwardConfig(**values), ws
 
 
