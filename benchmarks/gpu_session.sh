@@ -84,8 +84,12 @@ for step in "$@"; do
              SWEEP=$sweep timeout "${TILES_TIMEOUT:-150}" bash benchmarks/tile_sweep.sh 2>&1
            done | tee "$OUT/tile-sweep.log" | tail -60 || status=1 ;;
     # maxsim_from_hidden: fused head, unfused path, the selection's pick, lik's head (HEAD_SHAPES).
+    # Then the fused forward at one query x 10K under HEAD_TILES (its tile is not tuned yet).
     head) timeout "${HEAD_TIMEOUT:-300}" python3 benchmarks/head_bench.py --shapes "${HEAD_SHAPES:-1x10k,inbatch64,8x10k,16x1k}" \
-            --out "$OUT/head.json" 2>&1 | tee "$OUT/head.log" | tail -30 || status=1 ;;
+            --out "$OUT/head.json" 2>&1 | tee "$OUT/head.log" | tail -30 || status=1
+          timeout "${HEAD_TILES_TIMEOUT:-200}" python3 benchmarks/head_bench.py --shapes 1x10k --mode forward \
+            --tiles "${HEAD_TILES:-BM=32,BN=128,BKM=64,num_warps=8,num_stages=3;BM=32,BN=64,BKM=128,num_warps=4,num_stages=3;BM=32,BN=128,BKM=128,num_warps=8,num_stages=2;BM=32,BN=64,BKM=64,num_warps=4,num_stages=4;BM=32,BN=128,BKM=64,num_warps=8,num_stages=2,waves=4}" \
+            --out "$OUT/head-tiles.json" 2>&1 | tee "$OUT/head-tiles.log" | tail -12 || status=1 ;;
     launchfloor) timeout 200 python3 benchmarks/launch_floor.py --out "$OUT/launch_floor.json" 2>&1 \
                    | tee "$OUT/launch_floor.log" | tail -8 || status=1 ;;
     # The PQ look-up scorer's probe at 1M pq32 documents (benchmarks/pq_probe.py; PQ_PROBE_ARGS).

@@ -5,6 +5,9 @@ installed (``pip install late-interaction-kernels==0.4.5``). Forward and trainin
 
     python benchmarks/head_bench.py                       # the bar's shapes
     python benchmarks/head_bench.py --shapes 1x10k --mode forward --out results/head.json
+    python benchmarks/head_bench.py --shapes 1x10k --mode forward \
+        --tiles "BM=32,BN=64,BKM=128,num_warps=4,num_stages=3;BM=32,BN=128,BKM=64,num_warps=8,num_stages=3"
+                                                          # the fused kernel under each tile as well
 
 Each (shape, mode, provider) cell runs in a fresh process (benchmarks/_isolate.py) that builds
 its inputs from a fixed seed: a provider that crashes the CUDA context is a ``crashed`` row.
@@ -108,9 +111,11 @@ def measure(run):
     return ms, peak / 2**20
 
 
-def measure_cell(shape_name, dtype_name, mode, provider):
+def measure_cell(shape_name, dtype_name, mode, provider, tile=None):
     """One cell, in its own process: median ms and peak MiB, and for "maxsim auto" the kernel
-    maxsim's selection picks for the forward."""
+    maxsim's selection picks for the forward. ``tile``: the fused kernel's MAXSIM_HEAD_TILE."""
+    if tile:
+        os.environ["MAXSIM_HEAD_TILE"] = tile
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
     tensors = inputs(SHAPES[shape_name], dtype)
     out = {}
@@ -127,6 +132,8 @@ def main():
     parser.add_argument("--mode", default="both", choices=["forward", "train", "both"])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--tiles", default="", help="';'-separated MAXSIM_HEAD_TILE specs: 'maxsim fused' "
+                        "rows under each tile as well (the table's tile is the plain row)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds one cell may take before its process is killed (a 'timeout' row)")
     args = parser.parse_args()
@@ -138,14 +145,16 @@ def main():
     for name in args.shapes.split(","):
         dims = SHAPES[name]
         for mode in modes:
-            for provider, module in PROVIDERS.items():
+            cells = [(p, m, None) for p, m in PROVIDERS.items()]
+            cells += [("maxsim fused", None, t) for t in args.tiles.split(";") if t.strip()]
+            for provider, module, tile in cells:
                 if module is not None and importlib.util.find_spec(module) is None:
                     result = {"status": "not installed", "error": module}
                 else:
-                    result = run_isolated(measure_cell, name, args.dtype, mode, provider, timeout_s=args.timeout)
+                    result = run_isolated(measure_cell, name, args.dtype, mode, provider, tile, timeout_s=args.timeout)
                 ok = result["status"] == "ok"
                 ms, mib = (result["ms"], result["peak_mib"]) if ok else (float("nan"), float("nan"))
-                label = provider + (f" [{result['kernel']}]" if "kernel" in result else "")
+                label = provider + (f" [{result['kernel']}]" if "kernel" in result else "") + (f" [{tile}]" if tile else "")
                 rows.append(dict(shape=name, dims=dims, mode=mode, provider=label, status=result["status"], ms=ms,
                                  peak_mib=mib, note=failed(result)))
                 shown = f"{ms:.3f} | {mib:.0f}" if ok else f"{result['status']} | -"

@@ -263,3 +263,17 @@ def test_zero_dims_are_rejected():
     Q, H, W, b = make()
     with pytest.raises(ValueError, match="at least 1"):
         maxsim_from_hidden(Q[..., :0], H, W[:0], None)
+
+
+def test_a_forced_tile_runs_and_a_bad_one_says_what_it_needs(kernels, monkeypatch):
+    # MAXSIM_HEAD_TILE (tuning sweeps) is the fused kernel's tile: the explanation shows it, the
+    # scores are the same; a spec missing a field is one line naming the fields.
+    Q, H, W, b = make(nq=2, lq=5, nd=3, ld=40, d=16, d_model=40)
+    ref = oracle64(Q, H, W, b)
+    monkeypatch.setenv("MAXSIM_HEAD_TILE", "BM=16,BN=16,BKM=16,num_warps=2,num_stages=1,waves=1")
+    config = explain_from_hidden(Q, H, W, b).forward.config
+    assert (config.BM, config.BN, config.BKM, config.num_warps, config.waves) == (16, 16, 16, 2, 1)
+    assert rel_err(maxsim_from_hidden(Q, H, W, b), ref) <= TOL[torch.float32]
+    monkeypatch.setenv("MAXSIM_HEAD_TILE", "BM=16,BN=16")
+    with pytest.raises(ValueError, match="MAXSIM_HEAD_TILE needs BM, BN, BKM, num_warps, num_stages"):
+        maxsim_from_hidden(Q, H, W, b)

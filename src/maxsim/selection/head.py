@@ -8,7 +8,8 @@ projections cost more than the memory they save, and the call projects once with
 (:data:`maxsim.tuning.tables.HEAD_FUSION_SM90`, on the number of row blocks).
 
 ``MAXSIM_HEAD_PATH`` (``auto`` | ``fused`` | ``unfused``, read on every call) forces either path,
-for benchmarks and tests.
+for benchmarks and tests; ``MAXSIM_HEAD_TILE`` (``"BM=32,BN=128,BKM=64,num_warps=8,num_stages=2[,waves=2]"``)
+forces the fused kernel's tile, for tuning sweeps (``benchmarks/head_bench.py --tiles``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ def forced_path() -> str:
     return path
 
 
+def forced_tile() -> HeadConfig | None:
+    """The fused kernel's tile ``MAXSIM_HEAD_TILE`` asks for (read on every call), or None."""
+    spec = os.environ.get("MAXSIM_HEAD_TILE", "").replace(" ", "")
+    if not spec:
+        return None
+    fields = dict(item.split("=", 1) for item in spec.split(",") if item)
+    names = set(HeadConfig.__dataclass_fields__)
+    required = {"BM", "BN", "BKM", "num_warps", "num_stages"}
+    if set(fields) - names or not required <= set(fields) or not all(v.isdigit() for v in fields.values()):
+        raise ValueError(f"maxsim: MAXSIM_HEAD_TILE needs BM, BN, BKM, num_warps, num_stages as integers "
+                         f"(and may set waves); got {spec!r}")
+    return HeadConfig(**{k: int(v) for k, v in fields.items()})
+
+
 def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool) -> dict:
     """The bucketed features the tables match on (powers of two of Nq and Lq)."""
     seg = next_pow2(max(Lq, 1))
@@ -53,17 +68,18 @@ def forward_choice(Nq: int, Lq: int, d: int, d_model: int, dtype: torch.dtype, c
                    normalize: bool, argmax: bool, family: str, path: str = "auto") -> Choice:
     """The path and tile for a call (cached by bucket: Nq and Lq as powers of two)."""
     return _choice(next_pow2(max(Nq, 1)), next_pow2(max(Lq, 1)), d, d_model, dtype, candidates, masked, normalize,
-                   argmax, family, path)
+                   argmax, family, path, forced_tile())
 
 
 @functools.lru_cache(maxsize=1024)
-def _choice(nq, lq, d, d_model, dtype, candidates, masked, normalize, argmax, family, path) -> Choice:
+def _choice(nq, lq, d, d_model, dtype, candidates, masked, normalize, argmax, family, path,
+            forced: HeadConfig | None = None) -> Choice:
     f = features(nq, lq, d, dtype, candidates, argmax)
     call = call_of(dtype, d, "candidates" if candidates else "cross", masked, normalize, argmax, family)
     fused, unfused = specs.FUSED_FORWARD, specs.PROJECT_THEN_SCORE
     rule = first_match(T.HEAD_FORWARD_SM90, f)
     tile = {"waves": 2, **tile_of(rule, f)}
-    config = HeadConfig(**clamp(tile, family))
+    config = HeadConfig(**clamp(tile, family)) if forced is None else forced
     blocks = row_blocks(nq, lq, config.BM, candidates)
     why_not_fused = fused.unsupported(call)
     if why_not_fused is None and d > specs.MAX_FUSED_D:
@@ -85,6 +101,8 @@ def _choice(nq, lq, d, d_model, dtype, candidates, masked, normalize, argmax, fa
         if why_not_fused is not None:
             raise ValueError(f"maxsim: MAXSIM_HEAD_PATH=fused, but {fused.name} {why_not_fused}")
         reason, record, why = "MAXSIM_HEAD_PATH=fused was asked for", rule.record, "not asked for (MAXSIM_HEAD_PATH)"
+        if forced is not None:
+            reason += ", with the tile MAXSIM_HEAD_TILE asks for"
     else:
         reason = f"{fusion.name}; tile: {rule.name}"
         record = fusion.record
