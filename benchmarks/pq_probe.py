@@ -170,7 +170,9 @@ def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
     q32 = [(f"q32 {fmt} gluon pairs qpb4 BT64 " + (f"maxnreg{cap}" if cap else "uncapped"), Q32,
             dict(pairs=True, qpb=4, block_tokens=64, **({"maxnreg": cap} if cap else {})))
            for cap in (168, 200, None)]
-    for label, Q, kw in [(f"{fmt} gluon pairs BT128 waves9 maxnreg168", Q1, dict(pairs=True, waves=9, maxnreg=168))] + q32 + [
+    # one query in 64-token tiles: 116-124 registers uncapped (sm_90 ptxas), so 4 programs an SM
+    bt64 = [(f"{fmt} gluon pairs BT64 waves{w}", Q1, dict(pairs=True, block_tokens=64, waves=w)) for w in (8, 12, 16)]
+    for label, Q, kw in [(f"{fmt} gluon pairs BT128 waves9 maxnreg168", Q1, dict(pairs=True, waves=9, maxnreg=168))] + bt64 + q32 + [
                          (f"q32 {fmt} gluon pairs qpb2 BT128 maxnreg168", Q32,
                           dict(pairs=True, qpb=2, block_tokens=128, maxnreg=168)),
                          (f"{fmt} gluon ablation: no document max", Q1, dict(ablate=2))]:

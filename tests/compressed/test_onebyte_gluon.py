@@ -81,7 +81,8 @@ def test_emulation_is_the_dequantised_scores_within_the_query_rounding(fmt):
                     reason="the Gluon scorer runs on Hopper (sm_90) only")
 @pytest.mark.parametrize("block,qpb,fmt,pairs", [(128, 1, "int8", False), (64, 1, "int8", False), (64, 4, "int8", False),
                                                 (128, 1, "fp8_e4m3", False), (64, 4, "fp8_e4m3", False),
-                                                (128, 1, "int8", True), (64, 4, "fp8_e4m3", True)])
+                                                (128, 1, "int8", True), (64, 4, "fp8_e4m3", True),
+                                                (64, 1, "int8", True), (64, 1, "fp8_e4m3", True)])
 def test_kernel_matches_the_emulation(block, qpb, fmt, pairs):
     values, scales, cu, Q = _case(int(torch.randint(0, 2**31, ()).item()), num_docs=307, fmt=fmt)
     q_mask = torch.ones(3, 20, dtype=torch.bool)
