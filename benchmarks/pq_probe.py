@@ -171,7 +171,8 @@ def onebyte_cell(docs: int, fmt: str = "int8") -> dict:
             dict(pairs=True, qpb=4, block_tokens=64, **({"maxnreg": cap} if cap else {})))
            for cap in (168, 200, None)]
     # one query in 64-token tiles: 116-124 registers uncapped (sm_90 ptxas), so 4 programs an SM
-    bt64 = [(f"{fmt} gluon pairs BT64 waves{w}", Q1, dict(pairs=True, block_tokens=64, waves=w)) for w in (8, 12, 16)]
+    bt64 = [(f"{fmt} gluon pairs BT64 waves{w}", Q1, dict(pairs=True, block_tokens=64, waves=w)) for w in (8, 12)]
+    bt64 += [(f"{fmt} gluon pairs BT64 waves10 maxnreg96", Q1, dict(pairs=True, block_tokens=64, waves=10, maxnreg=96))]
     for label, Q, kw in [(f"{fmt} gluon pairs BT128 waves9 maxnreg168", Q1, dict(pairs=True, waves=9, maxnreg=168))] + bt64 + q32 + [
                          (f"q32 {fmt} gluon pairs qpb2 BT128 maxnreg168", Q32,
                           dict(pairs=True, qpb=2, block_tokens=128, maxnreg=168)),
@@ -198,6 +199,9 @@ def main():
                 dict(label="gluon pairs BT128 waves8 maxnreg128", gluon=True, pairs=True, maxnreg=128),
                 dict(label="gluon pairs BT128 waves4 maxnreg128", gluon=True, pairs=True, maxnreg=128, waves=4),
                 dict(label="gluon pairs BT128 waves12 maxnreg128", gluon=True, pairs=True, maxnreg=128, waves=12),
+                # 64-token tiles at 96 registers: 5 programs an SM (24 B of spill, sm_90 ptxas)
+                dict(label="gluon pairs BT64 waves10 maxnreg96", gluon=True, pairs=True, block_tokens=64, maxnreg=96,
+                     waves=10),
                 dict(label="q32 gluon pairs qpb4 BT64 maxnreg168", gluon=True, pairs=True, queries=32, qpb=4,
                      block_tokens=64, maxnreg=168),
                 dict(label="gluon ablation: no gather", gluon=True, ablate=1),

@@ -255,9 +255,9 @@ def main():
                  dict(label="q32 gluon qpb2", queries=32, gluon=True, qpb=2),
                  dict(label="q32 gluon qpb4", queries=32, gluon=True, qpb=4),
                  dict(label="q32 gluon qpb4 pairs", queries=32, gluon=True, qpb=4, pairs=True)]
-    # 4 queries a program hold 240-255 registers: 2 programs an SM, so waves in rounds of 2
-    variants += [dict(label=f"q32 gluon qpb4 pairs waves{w}", queries=32, gluon=True, qpb=4, pairs=True, waves=w)
-                 for w in (2, 4, 6)]
+    # One query at 96 registers: 5 programs an SM (20 warps, against 16 at 128; the scorer waits on
+    # loads with 23 % occupancy), for a spill of 56 B (sm_90 ptxas); waves in whole rounds of 5.
+    variants += [dict(label=f"gluon BT64 maxnreg96 waves{w}", gluon=True, maxnreg=96, waves=w) for w in (10, 15)]
     if args.profile:  # a few launches under ncu: what Corpus.search runs (the sm90 table's choice), 2 bits
         from maxsim.compressed.residual_lut import build_layout
         from maxsim.compressed.scoring import lookup_scorer, lookup_scores
