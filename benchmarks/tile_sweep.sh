@@ -23,7 +23,10 @@ BM=32,BN=128,BK=128,num_warps=4,num_stages=3,tma=1
 BM=32,BN=128,BK=128,num_warps=4,num_stages=4,tma=1,waves=1
 BM=32,BN=64,BK=128,num_warps=4,num_stages=5
 BM=32,BN=64,BK=128,num_warps=4,num_stages=4,tma=1,waves=4
-BM=32,BN=256,BK=128,num_warps=8,num_stages=3"} ;;
+BM=32,BN=256,BK=128,num_warps=8,num_stages=3
+BM=32,BN=128,BK=128,num_warps=8,num_stages=4
+BM=32,BN=64,BK=128,num_warps=4,num_stages=4
+BM=32,BN=128,BK=128,num_warps=4,num_stages=4,waves=16"} ;;
   bar128)
     SHAPES=${SWEEP_SHAPES:-1x1k_128x1024}
     TILES=${SWEEP_TILES:-"table
