@@ -80,7 +80,7 @@ for step in "$@"; do
              2>&1 | tee "$OUT/serve.log" | tail -6 || status=1 ;;
     # A small call's floors (issue 56 point 2): the empty kernel, the bytes, the call, its kernels.
     # Dense forward tiles on the shapes that trail a peer (benchmarks/tile_sweep.sh; SWEEPS: its sets).
-    tiles) for sweep in ${SWEEPS:-bar bar128 masked masked64}; do
+    tiles) for sweep in ${SWEEPS:-bar bar128 masked masked64 masked48}; do
              SWEEP=$sweep timeout "${TILES_TIMEOUT:-150}" bash benchmarks/tile_sweep.sh 2>&1
            done | tee "$OUT/tile-sweep.log" | tail -60 || status=1 ;;
     # maxsim_from_hidden: fused head, unfused path, the selection's pick, lik's head (HEAD_SHAPES).
