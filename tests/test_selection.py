@@ -287,7 +287,9 @@ def test_forced_tile_for_tuning_sweeps(monkeypatch):
     assert tile == ForwardConfig(128, 64, 128, 8, 3, row_max=True) and not ws
     assert select.parse_tile("BM=256,BN=128,BK=128,num_warps=4,num_stages=4,kernel=ws")[1]
     assert select.parse_tile("") is None
-    for bad in ("BM=128,BN=64", "BM=128,BN=64,BK=128,num_warps=8,num_stages=3,colour=1"):
+    assert select.parse_tile("BM=32,BN=32,BK=128,num_warps=2,num_stages=3,flat_walk=1")[0].flat_walk
+    for bad in ("BM=128,BN=64", "BM=128,BN=64,BK=128,num_warps=8,num_stages=3,colour=1",
+                "BM=128,BN,BK=128,num_warps=8,num_stages=3", "BM=12x,BN=64,BK=128,num_warps=8,num_stages=3"):
         with pytest.raises(ValueError, match="MAXSIM_FORWARD_TILE needs"):
             select.parse_tile(bad)
     Q = torch.empty(4, 32, 128, dtype=F16, device="meta")

@@ -274,6 +274,7 @@ def test_a_forced_tile_runs_and_a_bad_one_says_what_it_needs(kernels, monkeypatc
     config = explain_from_hidden(Q, H, W, b).forward.config
     assert (config.BM, config.BN, config.BKM, config.num_warps, config.waves) == (16, 16, 16, 2, 1)
     assert rel_err(maxsim_from_hidden(Q, H, W, b), ref) <= TOL[torch.float32]
-    monkeypatch.setenv("MAXSIM_HEAD_TILE", "BM=16,BN=16")
-    with pytest.raises(ValueError, match="MAXSIM_HEAD_TILE needs BM, BN, BKM, num_warps, num_stages"):
-        maxsim_from_hidden(Q, H, W, b)
+    for bad in ("BM=16,BN=16", "BM=16,BN,BKM=16,num_warps=2,num_stages=1", "BM=16,BN=16,BKM=16,num_warps=2,num_stages=x"):
+        monkeypatch.setenv("MAXSIM_HEAD_TILE", bad)
+        with pytest.raises(ValueError, match="MAXSIM_HEAD_TILE needs BM, BN, BKM, num_warps, num_stages"):
+            maxsim_from_hidden(Q, H, W, b)

@@ -205,14 +205,17 @@ def parse_tile(spec: str | None) -> tuple[ForwardConfig, bool] | None:
     ``python -m maxsim bench --forward-tile``)."""
     if not spec:
         return None
-    fields = dict(item.split("=", 1) for item in spec.replace(" ", "").split(",") if item)
+    items = [item.split("=", 1) for item in spec.replace(" ", "").split(",") if item]
+    fields = dict(item for item in items if len(item) == 2)
+    malformed = len(fields) != len(items)
     ws = fields.pop("kernel", "triton") in ("ws", "warp_specialized")
     names = {f.name: f.type for f in ForwardConfig.__dataclass_fields__.values()}
     unknown = set(fields) - set(names)
-    if unknown or not {"BM", "BN", "BK", "num_warps", "num_stages"} <= set(fields):
+    flags = ("row_max", "tma", "flat_walk")
+    numbers = all(v.isdigit() for k, v in fields.items() if k not in flags)
+    if malformed or unknown or not numbers or not {"BM", "BN", "BK", "num_warps", "num_stages"} <= set(fields):
         raise ValueError(f"maxsim: MAXSIM_FORWARD_TILE needs BM, BN, BK, num_warps, num_stages "
                          f"(and may set waves, row_max, tma, flat_walk, kernel); got {spec!r}")
-    flags = ("row_max", "tma", "flat_walk")
     values = {k: (v.lower() in ("1", "true", "yes")) if k in flags else int(v) for k, v in fields.items()}
     return ForwardConfig(**values), ws
 

@@ -40,10 +40,12 @@ def forced_tile() -> HeadConfig | None:
     spec = os.environ.get("MAXSIM_HEAD_TILE", "").replace(" ", "")
     if not spec:
         return None
-    fields = dict(item.split("=", 1) for item in spec.split(",") if item)
+    items = [item.split("=", 1) for item in spec.split(",") if item]
+    fields = dict(item for item in items if len(item) == 2)
     names = set(HeadConfig.__dataclass_fields__)
     required = {"BM", "BN", "BKM", "num_warps", "num_stages"}
-    if set(fields) - names or not required <= set(fields) or not all(v.isdigit() for v in fields.values()):
+    if (len(fields) != len(items) or set(fields) - names or not required <= set(fields)
+            or not all(v.isdigit() for v in fields.values())):
         raise ValueError(f"maxsim: MAXSIM_HEAD_TILE needs BM, BN, BKM, num_warps, num_stages as integers "
                          f"(and may set waves); got {spec!r}")
     return HeadConfig(**{k: int(v) for k, v in fields.items()})
