@@ -30,8 +30,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from maxsim.compressed.residual_gluon import (MAGIC, MAGIC_BITS, cols_layout, document_maxima, mma_layout,
-                                              query_slices, rows_layout, strips_layout)
+from maxsim.compressed.residual_gluon import (GLUON_BLOCK_TOKENS, MAGIC, MAGIC_BITS, cols_layout, document_maxima,
+                                              mma_layout, query_slices, rows_layout, strips_layout)
 
 TABLE_WORDS = gl.constexpr(32 * 256)  # m 32 sub-spaces of 256 codes, one 32-bit word each
 # The table's word $1 into $0 (the table sits at the base of shared memory). As an int8 pack of 4,
@@ -224,8 +224,8 @@ def run_kernel(Q, layout, quantize, codes, words, scales, *, docs=None, block_to
 
     if Q.shape[1] > 32:
         raise ValueError(f"the Gluon scorer takes queries of up to 32 tokens, got {Q.shape[1]}")
-    if block_tokens not in (64, 128):  # the tiles its fragment layout is written for
-        raise ValueError(f"the Gluon scorer's block_tokens must be 64 or 128, got {block_tokens!r}")
+    if block_tokens not in GLUON_BLOCK_TOKENS:  # the tiles its fragment layout is written for
+        raise ValueError(f"the Gluon scorer's block_tokens must be one of {GLUON_BLOCK_TOKENS}, got {block_tokens!r}")
     Nq = Q.shape[0]
     cu, out = document_range(layout, Nq, docs, Q.device)
     Nd = out.shape[1]

@@ -48,6 +48,26 @@ class Choice:
         return "\n".join(lines)
 
 
+def parse_tile_spec(spec: str, variable: str, config_type, required: tuple[str, ...], extra: tuple[str, ...] = ()):
+    """``"BM=128,BN=64,..."`` (a tuning sweep's forced tile, from the environment variable
+    ``variable``) -> (``config_type``'s fields as ints, or bools for its bool fields; the ``extra``
+    keys as given). Anything else (a field without a value, an unknown one, a non-number, a
+    required one missing) is one ValueError naming the fields."""
+    fields = {f.name: f for f in dataclasses.fields(config_type)}
+    items = [item.split("=", 1) for item in spec.replace(" ", "").split(",") if item]
+    given = dict(item for item in items if len(item) == 2)
+    flags = {name for name, f in fields.items() if f.type in (bool, "bool")}
+    well_formed = (len(given) == len(items) and set(given) <= set(fields) | set(extra) and set(required) <= set(given)
+                   and all(v.isdigit() for k, v in given.items() if k in fields and k not in flags))
+    if not well_formed:
+        optional = [name for name in fields if name not in required] + list(extra)
+        raise ValueError(f"maxsim: {variable} needs {', '.join(required)} as integers "
+                         f"(and may set {', '.join(optional)}); got {spec!r}")
+    values = {k: (v.lower() in ("1", "true", "yes")) if k in flags else int(v) for k, v in given.items()
+              if k in fields}
+    return values, {k: v for k, v in given.items() if k in extra}
+
+
 def format_config(config) -> str:
     if config is None:
         return "(none)"

@@ -16,7 +16,7 @@ import torch
 
 from maxsim._dispatch import interpreting
 from maxsim.dense import specs
-from maxsim.selection.common import Choice, auto_strategy, call_of, clamp, device_of
+from maxsim.selection.common import Choice, auto_strategy, call_of, clamp, device_of, parse_tile_spec
 from maxsim.tuning import is_big_corpus
 from maxsim.tuning import tables as T
 from maxsim.tuning.autotune import autotune_enabled, cuda_timer, neighbour_configs, pick_fastest, tuning_cache, tuning_key
@@ -205,19 +205,9 @@ def parse_tile(spec: str | None) -> tuple[ForwardConfig, bool] | None:
     ``python -m maxsim bench --forward-tile``)."""
     if not spec:
         return None
-    items = [item.split("=", 1) for item in spec.replace(" ", "").split(",") if item]
-    fields = dict(item for item in items if len(item) == 2)
-    malformed = len(fields) != len(items)
-    ws = fields.pop("kernel", "triton") in ("ws", "warp_specialized")
-    names = {f.name: f.type for f in ForwardConfig.__dataclass_fields__.values()}
-    unknown = set(fields) - set(names)
-    flags = ("row_max", "tma", "flat_walk")
-    numbers = all(v.isdigit() for k, v in fields.items() if k not in flags)
-    if malformed or unknown or not numbers or not {"BM", "BN", "BK", "num_warps", "num_stages"} <= set(fields):
-        raise ValueError(f"maxsim: MAXSIM_FORWARD_TILE needs BM, BN, BK, num_warps, num_stages "
-                         f"(and may set waves, row_max, tma, flat_walk, kernel); got {spec!r}")
-    values = {k: (v.lower() in ("1", "true", "yes")) if k in flags else int(v) for k, v in fields.items()}
-    return ForwardConfig(**values), ws
+    values, extra = parse_tile_spec(spec, "MAXSIM_FORWARD_TILE", ForwardConfig,
+                                    ("BM", "BN", "BK", "num_warps", "num_stages"), extra=("kernel",))
+    return ForwardConfig(**values), extra.get("kernel", "triton") in ("ws", "warp_specialized")
 
 
 # A tile forced for every forward call of this process (read once, at import, like Triton's own

@@ -21,7 +21,7 @@ import torch
 
 from maxsim.head import specs
 from maxsim.head.specs import HeadConfig
-from maxsim.selection.common import Choice, call_of, clamp, device_of
+from maxsim.selection.common import Choice, call_of, clamp, device_of, parse_tile_spec
 from maxsim.tuning import tables as T
 from maxsim.tuning.rules import first_match, next_pow2, tile_of
 
@@ -37,18 +37,11 @@ def forced_path() -> str:
 
 def forced_tile() -> HeadConfig | None:
     """The fused kernel's tile ``MAXSIM_HEAD_TILE`` asks for (read on every call), or None."""
-    spec = os.environ.get("MAXSIM_HEAD_TILE", "").replace(" ", "")
-    if not spec:
+    spec = os.environ.get("MAXSIM_HEAD_TILE", "")
+    if not spec.strip():
         return None
-    items = [item.split("=", 1) for item in spec.split(",") if item]
-    fields = dict(item for item in items if len(item) == 2)
-    names = set(HeadConfig.__dataclass_fields__)
-    required = {"BM", "BN", "BKM", "num_warps", "num_stages"}
-    if (len(fields) != len(items) or set(fields) - names or not required <= set(fields)
-            or not all(v.isdigit() for v in fields.values())):
-        raise ValueError(f"maxsim: MAXSIM_HEAD_TILE needs BM, BN, BKM, num_warps, num_stages as integers "
-                         f"(and may set waves); got {spec!r}")
-    return HeadConfig(**{k: int(v) for k, v in fields.items()})
+    values, _ = parse_tile_spec(spec, "MAXSIM_HEAD_TILE", HeadConfig, ("BM", "BN", "BKM", "num_warps", "num_stages"))
+    return HeadConfig(**values)
 
 
 def features(Nq: int, Lq: int, d: int, dtype: torch.dtype, candidates: bool, argmax: bool) -> dict:
