@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier and/or benchmark runs, each step's log under $OUT.
-#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [launchfloor] [tiles] [head] [chamfer]
+#   bash benchmarks/gpu_session.sh [tier] [verify] [tests] [fp32] [bench] [train] [varlen] [stream] [sweep] [sweeppeers] [shapes] [integrations] [host] [searchstream] [engines] [real] [serve] [pqprobe] [residualprobe] [pqncu] [residualncu] [headline] [headline10m] [spliced] [launchfloor] [tiles] [head] [chamfer]
 # Peers' wheels, when carried in .whl/, are installed into /tmp/site (the device has no network):
 #   pip download -q --no-deps -d .whl flash-maxsim==0.3.0 late-interaction-kernels==0.4.5   (200 KB)
 # The integrations step wants .whl-int/: PyLate, colpali-engine and the packages they pin beyond the
@@ -71,6 +71,24 @@ for step in "$@"; do
               --encodings "${REAL_ENCODINGS:-residual2,residual4}" --engines "${REAL_ENGINES-fast-plaid}" --refine float16 \
               --refine-factors 8 --reps 5 --search-budget-s 8 --deadline-s "$left" --timeout "$left" ${REAL_ARGS:-} \
               --out "$OUT/headline-real.json" 2>&1 | tee "$OUT/headline-real.log" | tail -12 ) || status=1 ;;
+    # Issue 54 point 5 on real-token statistics: the 1M real pool (as the real step builds it), then
+    # SPLICED_DOCS (default 10M) passages spliced from it (benchmarks/spliced_passages.py): our
+    # residual2 scan and PLAID first stage refined from int8 in pinned host memory, or with
+    # SPLICED_ENCODINGS='' SPLICED_ENGINES=fast-plaid SPLICED_DOCS=4000000 SPLICED_ARGS="--engine-max-docs
+    # 4000000 --engine-host-input" fast-plaid's. Carry .whl-real/extra (and fast-plaid's wheels for it).
+    spliced) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
+               .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+             ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
+               t0=$(date +%s)
+               timeout 240 python3 benchmarks/real_passages.py --docs 1000000 --out /tmp/real --device cuda \
+                 --batch-size 1024 2>&1 | tr '\r' '\n' | grep -v "passage/s" | tee "$OUT/spliced-pool.log" | tail -2
+               left=$(( ${SPLICED_BUDGET:-585} - $(date +%s) + t0 ))
+               PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/headline_bench.py \
+                 --docs "${SPLICED_DOCS:-10000000}" --passages spliced:/tmp/real --slice-docs 250000 \
+                 --encodings "${SPLICED_ENCODINGS-residual2:plaid}" --engines "${SPLICED_ENGINES-}" --refine int8 \
+                 --refine-factors 8 --plaid-args "${SPLICED_PLAID_ARGS:-ncells=2;ncells=4;ncells=8}" --reps 5 \
+                 --search-budget-s 8 --deadline-s "$left" --timeout "$left" ${SPLICED_ARGS:-} \
+                 --out "$OUT/headline-spliced.json" 2>&1 | tee "$OUT/headline-spliced.log" | tail -14 ) || status=1 ;;
     # The search server under load (issue 55 point 3): SERVE_DOCS passages (default 1M), 64 concurrent
     # single-query clients, beside a direct Corpus.search. Wants .whl-serve/ (benchmarks/serve_wheels.sh).
     serve) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-serve \

@@ -7,6 +7,7 @@ PLAID, xtr-warp-rs's WARP, colsearch's exact resident corpus).
     python benchmarks/headline_bench.py --docs 1000000 --encodings '' --engines xtr-warp,colsearch
     python benchmarks/headline_bench.py --docs 2000 --device cpu --reps 2  # smoke test on a CPU
     python benchmarks/headline_bench.py --docs 1000000 --passages real:DIR   # real tokens (real_passages.py)
+    python benchmarks/headline_bench.py --docs 10000000 --passages spliced:DIR  # spliced from them (spliced_passages.py)
 
 The engines' wheels (the GPU machine has no network): ``bash benchmarks/engine_wheels.sh DIR``
 downloads them, ``pip install --no-deps --no-index --target SITE DIR/*.whl`` and ``PYTHONPATH=SITE``
@@ -145,15 +146,28 @@ def _setup(options: dict) -> torch.device:
 
 
 def _passages(num_docs: int, options: dict, device) -> Passages:
-    """The synthetic generator (``HEADLINE``), or with ``--passages real:DIR`` the real-token passages
-    that ``benchmarks/real_passages.py`` built in DIR (the same interface)."""
-    if options.get("passages", "synthetic").startswith("real:"):
+    """The synthetic generator (``HEADLINE``); with ``--passages real:DIR`` the real-token passages
+    that ``benchmarks/real_passages.py`` built in DIR; with ``spliced:DIR`` passages spliced from
+    that pool (``benchmarks/spliced_passages.py``, as many as asked). The same interface."""
+    kind, _, folder = options.get("passages", "synthetic").partition(":")
+    if kind == "real":
         from real_passages import RealPassages
 
-        return RealPassages(options["passages"][len("real:"):], num_docs, device=device,
-                            num_queries=options["queries"])
+        return RealPassages(folder, num_docs, device=device, num_queries=options["queries"])
+    if kind == "spliced":
+        from spliced_passages import SplicedPassages
+
+        return SplicedPassages(folder, num_docs, device=device, num_queries=options["queries"], seed=options["seed"])
     return Passages(num_docs, device=device, num_queries=options["queries"], seed=options["seed"],
                     chunk_tokens=CHUNK_TOKENS, **HEADLINE)
+
+
+def _release(gen, device) -> None:
+    """Free what the generator holds on the device (the spliced pool) once its last pass is done."""
+    if hasattr(gen, "release"):
+        gen.release()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _free_bytes(device) -> int | None:
@@ -352,6 +366,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         row["host_codes_gb"] = sum(t.numel() * t.element_size() for s in corpus.segments for t in s.parts()) / 1e9
         _stage(encoding, f"layouts on the GPU, codes on the host ({row['layout_s']:.1f} s)", t_cell)
     queries, _ = gen.queries()
+    _release(gen, device)
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's: the generator is not deterministic")
     parts = [t for s in corpus.segments for t in s.parts()]
@@ -463,6 +478,7 @@ def engine_cell(num_docs: int, name: str, options: dict, folder: str) -> dict:
     offsets = np.concatenate(offsets)  # [N + 1] int64 from 0
     del pieces
     queries, _ = gen.queries()
+    _release(gen, device)
     if not torch.equal(queries.cpu(), truth["queries"]):
         raise RuntimeError("the regenerated queries differ from the truth cell's")
     docs = engine.prepare(tokens, offsets)
@@ -578,7 +594,8 @@ def main() -> None:
     ap.add_argument("--no-build-tf32", dest="build_tf32", action="store_false",
                     help="codec training and encoding with fp32 matmuls (default: TF32)")
     ap.add_argument("--passages", default="synthetic",
-                    help="synthetic (_passages.HEADLINE), or real:DIR, a folder of benchmarks/real_passages.py")
+                    help="synthetic (_passages.HEADLINE), real:DIR (a folder of benchmarks/real_passages.py), or "
+                         "spliced:DIR (passages spliced from that pool, benchmarks/spliced_passages.py)")
     ap.add_argument("--refine", default=None,
                     help="also time each residual / PQ corpus refined from this encoding's tokens (float16, int8) "
                          "held in pinned host memory: Corpus.search(..., refine=, refine_factor=)")
@@ -606,8 +623,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("headline_bench needs a CUDA GPU (or --device cpu for a smoke test)")
-    if args.passages != "synthetic" and not args.passages.startswith("real:"):
-        raise SystemExit(f"--passages takes synthetic or real:DIR; got {args.passages!r}")
+    if args.passages != "synthetic" and not args.passages.startswith(("real:", "spliced:")):
+        raise SystemExit(f"--passages takes synthetic, real:DIR or spliced:DIR; got {args.passages!r}")
     options = dict(passages=args.passages, device=args.device, queries=args.queries, reps=args.reps, search_budget_s=args.search_budget_s,
                    slice_docs=args.slice_docs, nbits=args.nbits, build_tf32=args.build_tf32, seed=args.seed,
                    cpu_threads=args.cpu_threads, xtr_warp_nbits=args.xtr_warp_nbits,

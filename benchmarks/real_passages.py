@@ -97,10 +97,11 @@ def _sample(task: tuple[int, int, int]) -> list[str]:
     return [model.passage(int(rng.choice(lengths)), rng) for _ in range(count)]
 
 
-def texts_for(num_docs: int, seed: int, workers: int | None = None) -> tuple[list[str], int]:
+def texts_for(num_docs: int, seed: int, workers: int | None = None, real_text: bool = True) -> tuple[list[str], int]:
     """(num_docs passages, how many of them are real text). The generated ones are sampled in
     chunks of SAMPLE_CHUNK over ``workers`` processes (default: the CPUs); the text depends on the
-    seed alone, not on the number of workers."""
+    seed alone, not on the number of workers. ``real_text=False``: generated passages only (a
+    small corpus then has the large one's make-up, 0.1 % real text at 1M)."""
     import multiprocessing
 
     import compressed_fidelity as fidelity
@@ -108,10 +109,12 @@ def texts_for(num_docs: int, seed: int, workers: int | None = None) -> tuple[lis
     rng = np.random.default_rng(seed)
     background = fidelity.lee_articles("lee_background.cor")
     real = fidelity.passages(background, num_docs, rng)
+    lengths = np.array([len(p.split()) for p in real])
+    real = real if real_text else []
     if len(real) >= num_docs:
         return real[:num_docs], num_docs
     _MODEL.update(model=WordModel(background + fidelity.lee_articles("lee.cor")),
-                  lengths=np.array([len(p.split()) for p in real]))
+                  lengths=lengths)
     missing = num_docs - len(real)
     tasks = [(seed, i, min(SAMPLE_CHUNK, missing - start)) for i, start in enumerate(range(0, missing, SAMPLE_CHUNK))]
     workers = workers or os.cpu_count() or 1
@@ -127,7 +130,8 @@ def texts_for(num_docs: int, seed: int, workers: int | None = None) -> tuple[lis
 def encode(texts: list[str], basis: torch.Tensor, tokenizer, model, device, max_tokens: int, batch_size: int,
            exact_len: int | None = None, progress=None):
     """Each text -> its wordpieces' last hidden states, projected by ``basis`` and normalised,
-    fp16: (packed [T, dim] on the CPU, lengths [N]). ``exact_len``: pad to it (queries).
+    fp16: (packed [T, dim] on the CPU, lengths [N], wordpiece ids int32 [T] (pad ids on padding
+    rows)). ``exact_len``: pad to it (queries).
 
     The texts are tokenized in one call (the fast tokenizer's threads) and run through the model
     shortest first, so a batch pads to its own longest text; the rows go back in the texts' order."""
@@ -157,11 +161,19 @@ def encode(texts: list[str], basis: torch.Tensor, tokenizer, model, device, max_
         out[torch.as_tensor(dst, device=device)] = x.reshape(-1, x.shape[-1])[torch.as_tensor(src, device=device)]
         if progress is not None:
             progress.update(len(rows))
-    return out.cpu(), lengths
+    packed_ids = np.full(int(starts[-1]), pad, dtype=np.int32)  # [T]
+    for r, row in enumerate(ids):
+        packed_ids[starts[r]:starts[r] + min(len(row), lengths[r])] = row[:lengths[r]]
+    return out.cpu(), lengths, packed_ids
+
+
+def projection(dim: int, seed: int, device="cpu") -> torch.Tensor:
+    """The fixed random orthonormal map [384, dim] from MiniLM's width to ``dim`` (seeded)."""
+    return torch.linalg.qr(torch.randn(384, dim, generator=torch.Generator().manual_seed(seed)))[0].to(device)
 
 
 def build(out: str, num_docs: int, *, device="cpu", num_queries: int = 32, dim: int = 128, max_tokens: int = 128,
-          batch_size: int = 256, seed: int = 0) -> dict:
+          batch_size: int = 256, seed: int = 0, real_text: bool = True) -> dict:
     import compressed_fidelity as fidelity
 
     try:
@@ -170,13 +182,13 @@ def build(out: str, num_docs: int, *, device="cpu", num_queries: int = 32, dim: 
         tqdm = None
     device = torch.device(device)
     t0 = time.perf_counter()
-    texts, num_real = texts_for(num_docs, seed)
+    texts, num_real = texts_for(num_docs, seed, real_text=real_text)
     text_s = time.perf_counter() - t0
     tokenizer, model = fidelity.load_minilm()
     model = model.to(device)
-    basis = torch.linalg.qr(torch.randn(384, dim, generator=torch.Generator().manual_seed(seed)))[0].to(device)
+    basis = projection(dim, seed, device)
     bar = tqdm(total=num_docs, desc="encode passages", unit="passage") if tqdm is not None else None
-    tokens, lengths = encode(texts, basis, tokenizer, model, device, max_tokens, batch_size, progress=bar)
+    tokens, lengths, ids = encode(texts, basis, tokenizer, model, device, max_tokens, batch_size, progress=bar)
     if bar is not None:
         bar.close()
     rng = np.random.default_rng(seed + 1)
@@ -186,10 +198,11 @@ def build(out: str, num_docs: int, *, device="cpu", num_queries: int = 32, dim: 
         words = texts[j].split()
         first = int(rng.integers(0, max(1, len(words) - 40)))
         spans.append(" ".join(words[first:first + 60]))
-    queries, _ = encode(spans, basis, tokenizer, model, device, QUERY_LEN, batch_size, exact_len=QUERY_LEN)
+    queries, _, _ = encode(spans, basis, tokenizer, model, device, QUERY_LEN, batch_size, exact_len=QUERY_LEN)
     os.makedirs(out, exist_ok=True)
     np.save(os.path.join(out, "tokens.npy"), tokens.numpy())
     np.save(os.path.join(out, "lengths.npy"), lengths)
+    np.save(os.path.join(out, "ids.npy"), ids)  # the wordpieces: benchmarks/spliced_passages.py walks them
     np.save(os.path.join(out, "queries.npy"), queries.reshape(num_queries, QUERY_LEN, dim).numpy())
     np.save(os.path.join(out, "source.npy"), source.astype(np.int64))
     meta = dict(passages=num_docs, real_passages=num_real, tokens=int(tokens.shape[0]), dim=dim,
@@ -247,9 +260,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--generated-only", action="store_true",
+                    help="no real Lee passages first: word-model passages only (small calibration corpora)")
     args = ap.parse_args()
     meta = build(args.out, args.docs, device=args.device, num_queries=args.queries, dim=args.dim,
-                 max_tokens=args.max_tokens, batch_size=args.batch_size, seed=args.seed)
+                 max_tokens=args.max_tokens, batch_size=args.batch_size, seed=args.seed,
+                 real_text=not args.generated_only)
     print(json.dumps(meta))
 
 

@@ -36,6 +36,7 @@ from maxsim.search import changes
 from maxsim.search import format as corpus_format
 from maxsim.search import encodings
 from maxsim.search.encodings import Encoding, train_codec  # noqa: F401  (train_codec: the CLI's)
+from maxsim.search.pinned import pinned_copy
 from maxsim.varlen.packing import pack, padded_to_packed
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -252,14 +253,6 @@ def _device_key(device) -> str:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return str(device)
-
-
-def _pinned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in pinned host memory: from a device, copied once straight into the pinned buffer
-    (not through pageable memory first)."""
-    if t.device.type == "cpu":
-        return t.pin_memory()
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
 
 def _rows(t: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
@@ -610,7 +603,7 @@ class Corpus:
 
     def pin_memory(self) -> "Corpus":
         """A copy in pinned host memory: what streams to the GPU at the full copy rate."""
-        return self._map(_pinned, mapped=False, codec_device="cpu")
+        return self._map(pinned_copy, mapped=False, codec_device="cpu")
 
     # -- appending, sharding ------------------------------------------------------------------
 
@@ -840,7 +833,7 @@ class Corpus:
             offsets = np.zeros(s.lengths.size + 1, dtype=np.int64)
             np.cumsum(s.lengths, out=offsets[1:])
             if not mmap and pin_memory:
-                parts = [t.pin_memory() for t in parts]
+                parts = [pinned_copy(t) for t in parts]
             if on_device:
                 parts = [t.to(device) for t in parts]
             mapped = mmap and not on_device
