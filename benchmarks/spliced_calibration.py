@@ -28,13 +28,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from headline_bench import _recall  # noqa: E402
+
 K = 10
 PLAID_SETTINGS = ((1, 64), (2, 64), (2, 256), (4, 256))  # (ncells, ndocs)
 SHAPE_RANKS = (10, 50)
-
-
-def _recall(ids: torch.Tensor, exact: torch.Tensor) -> float:
-    return sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(ids, exact)) / exact.numel()
 
 
 def measure(tokens: torch.Tensor, offsets: np.ndarray, Q: torch.Tensor, source: torch.Tensor) -> dict:

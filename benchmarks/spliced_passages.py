@@ -92,12 +92,12 @@ class SplicedPassages:
         pool_cu[1:] = torch.cumsum(pool_lengths, 0)
         if int(pool_cu[-1]) != T or ids.numel() != T:
             raise ValueError(f"{pool_dir}: lengths sum to {int(pool_cu[-1])} tokens, tokens.npy has {T}, ids.npy {ids.numel()}")
+        g = torch.Generator().manual_seed(_seed(self.seed, 0))
+        self.lengths = pool_lengths[torch.randint(0, P, (self.num_docs,), generator=g)]  # [N] a pool passage's length
+        self._start = pool_cu[:-1][torch.randint(0, P, (self.num_docs,), generator=g)]  # [N] the [CLS] it starts at
         pool_cu = pool_cu.to(dev)
-        self._pool_cu = pool_cu
-        passage = torch.repeat_interleave(torch.arange(P, device=dev, dtype=torch.int32),
-                                          pool_lengths.to(dev))  # [T] its pool passage
-        self._last = (pool_cu[1:][passage.long()] - 1).to(torch.int32)  # [T] the [SEP] of each token's passage
-        del passage
+        # [T] the [SEP] of each token's pool passage
+        self._last = torch.repeat_interleave((pool_cu[1:] - 1).to(torch.int32), pool_lengths.to(dev))
         first = torch.zeros(T, dtype=torch.bool, device=dev)
         first[pool_cu[:-1]] = True
         last = torch.zeros(T, dtype=torch.bool, device=dev)
@@ -107,18 +107,13 @@ class SplicedPassages:
         can_jump = torch.zeros(T, dtype=torch.bool, device=dev)
         can_jump[:-1] = self._inner[1:] & ~last[:-1]
         occ = torch.nonzero(can_jump).squeeze(1)  # [J]
-        order = torch.argsort(ids[occ].long(), stable=True)
-        self._occ = occ[order].to(torch.int32)  # [J] sorted by wordpiece
-        vocab = int(ids.max()) + 1
-        counts = torch.bincount(ids[occ].long(), minlength=vocab)  # [V]
+        occ_word = ids[occ].long()  # [J]
+        self._occ = occ[torch.argsort(occ_word, stable=True)].to(torch.int32)  # [J] sorted by wordpiece
+        counts = torch.bincount(occ_word, minlength=int(ids.max()) + 1)  # [V]
         self._occ_first = torch.cumsum(counts, 0) - counts  # [V]
         self._occ_count = counts
         self._ids = ids
-        del first, last, can_jump, occ, order
-        g = torch.Generator().manual_seed(_seed(self.seed, 0))
-        pick = torch.randint(0, P, (self.num_docs,), generator=g)  # [N] the pool passage lending its length
-        self.lengths = pool_lengths[pick]  # [N]
-        self._start = pool_cu.cpu()[torch.randint(0, P, (self.num_docs,), generator=g)]  # [N] a [CLS]
+        del first, last, can_jump, occ, occ_word
         cu = torch.zeros(self.num_docs + 1, dtype=torch.int64)
         cu[1:] = torch.cumsum(self.lengths, 0)
         self.cu_seqlens = cu
@@ -128,7 +123,7 @@ class SplicedPassages:
     def release(self) -> None:
         """Free the pool and the walk's tables (after the last pass; searching wants the room)."""
         self.pool = self._ids = self._inner = self._last = self._occ = None
-        self._occ_first = self._occ_count = self._pool_cu = None
+        self._occ_first = self._occ_count = None
 
     # ------------------------------------------------------------------ the walk
     def _block(self, b: int) -> torch.Tensor:
