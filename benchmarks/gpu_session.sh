@@ -76,15 +76,23 @@ for step in "$@"; do
     # residual2 scan and PLAID first stage refined from int8 in pinned host memory, or with
     # SPLICED_ENCODINGS='' SPLICED_ENGINES=fast-plaid SPLICED_DOCS=4000000 SPLICED_ARGS="--engine-max-docs
     # 4000000 --engine-host-input" fast-plaid's. Carry .whl-real/extra (and fast-plaid's wheels for it).
+    # SPLICED_POOL: the pool's folder (default /tmp/real), reused when a call on the same warm machine
+    # built it; SPLICED_QUERIES_FOR: passage counts whose queries to encode now, so that a later call
+    # needs no model (fast-plaid's four wheels and the model do not fit one carry).
     spliced) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
                .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
              ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
-               t0=$(date +%s)
-               timeout 240 python3 benchmarks/real_passages.py --docs 1000000 --out /tmp/real --device cuda \
+               t0=$(date +%s) pool=${SPLICED_POOL:-/tmp/real}
+               [ -f "$pool/meta.json" ] && echo "pool: $pool (built by an earlier call)" \
+                 || timeout 240 python3 benchmarks/real_passages.py --docs 1000000 --out "$pool" --device cuda \
                  --batch-size 1024 2>&1 | tr '\r' '\n' | grep -v "passage/s" | tee "$OUT/spliced-pool.log" | tail -2
+               for docs in ${SPLICED_QUERIES_FOR:-}; do  # queries of a later call's size, encoded while the model is here
+                 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from spliced_passages import SplicedPassages; \
+SplicedPassages('$pool', $docs, device='cuda').queries(); print('queries for', $docs, 'passages saved')"
+               done
                left=$(( ${SPLICED_BUDGET:-585} - $(date +%s) + t0 ))
                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/headline_bench.py \
-                 --docs "${SPLICED_DOCS:-10000000}" --passages spliced:/tmp/real --slice-docs 250000 \
+                 --docs "${SPLICED_DOCS:-10000000}" --passages "spliced:$pool" --slice-docs 250000 \
                  --encodings "${SPLICED_ENCODINGS-residual2:plaid}" --engines "${SPLICED_ENGINES-}" --refine int8 \
                  --refine-factors 8 --plaid-args "${SPLICED_PLAID_ARGS:-ncells=2;ncells=4;ncells=8}" --reps 5 \
                  --search-budget-s 8 --deadline-s "$left" --timeout "$left" ${SPLICED_ARGS:-} \
