@@ -1,6 +1,6 @@
 """Probe: where a refined search's time goes at batch 1 (issue 54 point 4). Needs a GPU.
 
-    python benchmarks/refine_probe.py [--docs 300000] [--factor 4]
+    python benchmarks/refine_probe.py [--docs 300000] [--factor 4] [--segments 1] [--refine-encoding float16]
 
 A residual2 corpus of random codes (benchmarks/residual_probe.make_case) on the GPU, and float16
 tokens of the same document lengths in pinned host memory as its refine corpus. Times, per query
@@ -30,6 +30,9 @@ def main():
     p.add_argument("--docs", type=int, default=300_000)
     p.add_argument("--factor", type=int, default=4)
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--segments", type=int, default=1,
+                   help="the refine corpus in this many appended segments (a corpus built slice by slice)")
+    p.add_argument("--refine-encoding", default="float16", choices=("float16", "int8", "fp8"))
     args = p.parse_args()
     from maxsim.search import refine as R
     from maxsim.search.corpus import Corpus, CorpusSegment
@@ -41,7 +44,15 @@ def main():
     corpus = Corpus._from_segments([CorpusSegment(codes, offsets, 0, residuals=residuals)], np.arange(args.docs),
                                    codec=codec)
     tokens = torch.nn.functional.normalize(torch.randn(int(offsets[-1]), 128), dim=-1).half()
-    full = Corpus.from_packed(tokens, offsets).pin_memory()
+    bounds = np.linspace(0, args.docs, args.segments + 1).astype(np.int64)
+    full = None
+    for a, b in zip(bounds[:-1], bounds[1:]):  # one pinned segment a slice, as headline_bench builds it
+        piece = Corpus.from_packed(tokens[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a],
+                                   encoding=args.refine_encoding).pin_memory()
+        if full is None:
+            full = piece
+        else:
+            full.append(piece, ids=np.arange(a, b))
     Qs = queries(32)
     k, m = args.k, args.k * args.factor
 
@@ -77,7 +88,8 @@ def main():
         t4 = time.perf_counter()
         q, _, cu_q_host, _ = packed_queries(q1, None)
         pos = np.searchsorted(docs, local[0])  # (one query: every candidate is valid)
-        s = score_pairs_packed(q.cuda(), toks, torch.from_numpy(cu_q_host).cuda(), torch.from_numpy(cu_d).cuda(),
+        q = q.cuda().to(toks.dtype if toks.dtype in (torch.float16, torch.bfloat16) else torch.float32)
+        s = score_pairs_packed(q, toks.to(q.dtype), torch.from_numpy(cu_q_host).cuda(), torch.from_numpy(cu_d).cuda(),
                                torch.zeros(m, dtype=torch.int64, device="cuda"), torch.from_numpy(pos).cuda(),
                                32, int(np.diff(cu_d).max()))
         torch.cuda.synchronize()
@@ -87,7 +99,8 @@ def main():
         t6 = time.perf_counter()
         for n, a, b in zip(steps, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6)):
             steps[n].append(1e3 * (b - a))
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  docs {args.docs}  k {k} x {args.factor}")
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  docs {args.docs}  k {k} x {args.factor}  "
+          f"refine {args.refine_encoding} in {len(full.segments)} segments")
     print(f"search for k alone {first_k:.3f} ms; first stage alone (k x factor) {first:.3f} ms; refined search {whole:.3f} ms "
           f"({first_k / whole:.0%} of the unrefined search's q/s)")
     for n, v in steps.items():

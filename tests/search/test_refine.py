@@ -137,6 +137,30 @@ def test_rerank_is_the_exact_top_k_of_given_candidates():
         Corpus.from_list(docs, encoding="residual2").rerank(queries, candidates, 2)
 
 
+def test_rerank_reads_each_candidate_from_the_segment_that_holds_it():
+    # A corpus built slice by slice: candidates in the first and last segments, at a segment's
+    # edges, none in the segments between; every token gathered from its own segment.
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    docs = _docs(g, n=60)
+    full = Corpus.from_list([x.half() for x in docs[:10]])
+    for a, b in ((10, 11), (11, 30), (30, 41), (41, 60)):
+        full.append([x.half() for x in docs[a:b]])
+    assert len(full.segments) == 5
+    queries = [F.normalize(torch.randn(L, 32, generator=g), dim=-1) for L in (4, 1)]
+    picks = [0, 9, 41, 42, 59, 50]  # segments 0 and 4 only, their first and last documents among them
+    candidates = torch.tensor([picks, picks[::-1]])
+    got = full.rerank(queries, candidates, 6, device=KERNEL_DEVICE)
+    want_s, want_i = _expected(queries, docs, [picks, picks], 6)
+    for row, (s, i) in enumerate(zip(want_s, want_i)):
+        assert got.indices[row].tolist() == i
+        torch.testing.assert_close(got.scores[row].cpu(), torch.tensor(s), rtol=1e-5, atol=1e-5)
+    middle = full.rerank(queries, torch.tensor([[10, 29, 30, 40], [11, 12, 13, -1]]), 4, device=KERNEL_DEVICE)
+    want_s, want_i = _expected(queries, docs, [[10, 29, 30, 40], [11, 12, 13]], 4)
+    for row, (s, i) in enumerate(zip(want_s, want_i)):
+        assert middle.indices[row, :len(i)].tolist() == i
+        torch.testing.assert_close(middle.scores[row, :len(s)].cpu(), torch.tensor(s), rtol=1e-5, atol=1e-5)
+
+
 def test_refine_errors_name_the_fix():
     g = torch.Generator().manual_seed(0)
     docs = _docs(g, n=20)

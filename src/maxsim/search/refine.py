@@ -148,17 +148,22 @@ def _gather(refine, local: np.ndarray, device: torch.device):
     from maxsim.compressed.quantized import dequantize_tokens
 
     device = torch.device(device)
-    touched, rows, lengths = [], [], []
-    for s in refine.segments:
-        mine = local[(local >= s.first_document) & (local < s.first_document + s.num_documents)] - s.first_document
-        if mine.size == 0:
-            continue
-        starts, n = s.offsets[mine], s.offsets[mine + 1] - s.offsets[mine]
-        rows.append(np.repeat(starts - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(int(n.sum())))
-        touched.append(s)
-        lengths.append(n)
-    offsets = np.zeros(len(local) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64), out=offsets[1:])
+    segments = refine.segments
+    # local is sorted: one search splits it by segment (a corpus built slice by slice has dozens)
+    firsts = np.fromiter((s.first_document for s in segments), dtype=np.int64, count=len(segments))
+    bounds = np.searchsorted(local, np.append(firsts, len(refine)))  # [S + 1]
+    first_token = np.empty(local.size, dtype=np.int64)  # [n] within its segment
+    lengths = np.empty(local.size, dtype=np.int64)  # [n]
+    touched = [j for j in range(len(segments)) if bounds[j] < bounds[j + 1]]
+    for j in touched:
+        mine = local[bounds[j]:bounds[j + 1]] - firsts[j]
+        first_token[bounds[j]:bounds[j + 1]] = segments[j].offsets[mine]
+        lengths[bounds[j]:bounds[j + 1]] = segments[j].offsets[mine + 1] - segments[j].offsets[mine]
+    offsets = np.zeros(local.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rows_all = np.repeat(first_token - offsets[:-1], lengths) + np.arange(int(offsets[-1]))  # [t]
+    rows = [rows_all[offsets[bounds[j]]:offsets[bounds[j + 1]]] for j in touched]
+    touched = [segments[j] for j in touched]
     if not touched:
         return torch.zeros(0, refine.dim, device=device), offsets
     tokens = _take([s.embeddings for s in touched], rows, device)  # [t, d]
