@@ -78,7 +78,9 @@ scales, codes, residuals) on the device; peak = ``torch.cuda.max_memory_allocate
 
 The whole run starts no cell after ``--deadline-s`` and stops the one running then (rows
 "skipped" / "timeout"): a device command that must end within 10 minutes still reports every
-finished row (stdout, and ``--out`` rewritten after each row).
+finished row (stdout, and ``--out`` rewritten after each row). A cell keeps its searches in a file
+as each finishes, so one stopped mid-way (the deadline, a crash) still reports those, then a
+"(stopped)" row that says why.
 
 Run time on an H200. Measured (2026-12-02 06:56, an earlier copy of this script whose truth cell
 scored a second, different draw of the passages: its recalls of 0.66 are that bug, fixed since;
@@ -296,6 +298,31 @@ def _stage(encoding: str, what: str, since: float) -> None:
     print(f"  [{encoding}] {what}: {time.perf_counter() - since:.1f} s", file=sys.stderr, flush=True)
 
 
+def _partial_path(folder: str, num_docs: int, encoding: str) -> str:
+    """Where an encoding cell keeps what it has measured so far (read back if it is stopped)."""
+    return os.path.join(folder, f"partial-{num_docs}-{encoding.replace(':', '-')}.json")
+
+
+def _keep_partial(row: dict) -> None:
+    """Rewrites the cell's partial file (atomically) after each search: a cell stopped at the
+    deadline or by a crash still reports the searches that finished."""
+    path = row.get("partial_path")
+    if path:
+        with open(path + ".tmp", "w") as handle:
+            json.dump(row, handle, default=str)
+        os.replace(path + ".tmp", path)
+
+
+def _recover_partial(result: dict, folder: str, num_docs: int, encoding: str) -> dict:
+    """A failed cell's result with the searches it finished before it stopped (none: unchanged)."""
+    path = _partial_path(folder, num_docs, encoding)
+    if result.get("status") == "ok" or not os.path.exists(path):
+        return result
+    with open(path) as handle:
+        kept = json.load(handle)
+    return dict(kept, status=result["status"], error=result.get("error"), stopped=True)
+
+
 def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> dict:
     """Build a Corpus of ``encoding`` slice by slice, time its search, check its recall.
     "residual<n>:plaid": the same corpus searched through ``maxsim.index.from_corpus`` (PLAID's
@@ -315,7 +342,8 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     # the slice's fp16 tokens, their concatenation and the generator's fp32 temporaries
     working = 3 * slice_tokens * dim * 2 + 4 * CHUNK_TOKENS * dim * 4
     free = _free_bytes(device)
-    row = dict(bytes_per_token=bytes_per_token(encoding, dim), needed_gb=(resident + working) / 1e9)
+    row = dict(bytes_per_token=bytes_per_token(encoding, dim), needed_gb=(resident + working) / 1e9,
+               partial_path=_partial_path(folder, num_docs, encoding + (":" + first_stage if first_stage else "")))
     if free is not None and resident + working > free:
         fits = int(num_docs * free / (resident + working))
         return dict(row, note=f"does not fit ({resident / 1e9:.0f} GB + {working / 1e9:.0f} GB to build > "
@@ -439,6 +467,7 @@ def _time_searches(row: dict, label: str, searcher, settings: dict, Q, truth, re
     if device.type == "cuda":
         timed["peak_search_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     row["searches"].append(timed)
+    _keep_partial(row)
     _stage(label, "searched", t_cell)
     for factor in options["refine_factors"] if refine is not None else ():
         def refined(q, factor=factor):
@@ -450,6 +479,7 @@ def _time_searches(row: dict, label: str, searcher, settings: dict, Q, truth, re
         _stage(label, f"first refined search x {factor} ({time.perf_counter() - t_first:.2f} s)", t_cell)
         row["searches"].append(dict(label=f"{label}+r{factor}", refine_factor=factor,
                                     **_search_rows(refined, Q, truth["exact_ids"], options, device)))
+        _keep_partial(row)
         _stage(label, f"refined x {factor}", t_cell)
 
 
@@ -686,9 +716,15 @@ def main() -> None:
                 emit(dict(docs=num_docs, encoding="(truth)", note=f"exact search {failed(truth)}"))
                 continue
             for encoding in encodings:
-                result = isolated(encoding_cell, num_docs, encoding, options, folder)
+                result = _recover_partial(isolated(encoding_cell, num_docs, encoding, options, folder), folder,
+                                          num_docs, encoding)
+                stopped = result.pop("stopped", False)
                 searches = result.pop("searches", None) or [dict(label=encoding)]
-                built = {k: v for k, v in result.items() if k not in ("status", "error", "note")}
+                built = {k: v for k, v in result.items() if k not in ("status", "error", "note", "partial_path")}
+                if stopped:  # the searches it finished are rows as usual; the last row says why it stopped
+                    searches.append(dict(label=f"{encoding} (stopped)",
+                                         error=f"{failed(result)}; the rows above finished before it"))
+                    result = dict(result, status="ok")
                 for i, timed in enumerate(searches):
                     note = (result.get("note") or failed(result)) if i == 0 else _search_note(timed, result)
                     if result["status"] == "ok" and timed.get("queries_1", args.queries) < args.queries:
