@@ -329,6 +329,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     candidate generation, ``--plaid-settings``) instead of exhaustively."""
     import maxsim
 
+    partial_path = _partial_path(folder, num_docs, encoding)
     encoding, _, first_stage = encoding.partition(":")
     if first_stage not in ("", "plaid") or (first_stage and not encoding.startswith("residual")):
         raise ValueError(f"unknown first stage {first_stage!r} for {encoding}: only residual<n>:plaid")
@@ -343,7 +344,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     working = 3 * slice_tokens * dim * 2 + 4 * CHUNK_TOKENS * dim * 4
     free = _free_bytes(device)
     row = dict(bytes_per_token=bytes_per_token(encoding, dim), needed_gb=(resident + working) / 1e9,
-               partial_path=_partial_path(folder, num_docs, encoding + (":" + first_stage if first_stage else "")))
+               partial_path=partial_path)
     if free is not None and resident + working > free:
         fits = int(num_docs * free / (resident + working))
         return dict(row, note=f"does not fit ({resident / 1e9:.0f} GB + {working / 1e9:.0f} GB to build > "

@@ -89,7 +89,7 @@ def main():
         q, _, cu_q_host, _ = packed_queries(q1, None)
         pos = np.searchsorted(docs, local[0])  # (one query: every candidate is valid)
         q = q.cuda().to(toks.dtype if toks.dtype in (torch.float16, torch.bfloat16) else torch.float32)
-        s = score_pairs_packed(q, toks.to(q.dtype), torch.from_numpy(cu_q_host).cuda(), torch.from_numpy(cu_d).cuda(),
+        s = score_pairs_packed(q, toks, torch.from_numpy(cu_q_host).cuda(), torch.from_numpy(cu_d).cuda(),
                                torch.zeros(m, dtype=torch.int64, device="cuda"), torch.from_numpy(pos).cuda(),
                                32, int(np.diff(cu_d).max()))
         torch.cuda.synchronize()

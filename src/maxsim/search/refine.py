@@ -154,16 +154,18 @@ def _gather(refine, local: np.ndarray, device: torch.device):
     bounds = np.searchsorted(local, np.append(firsts, len(refine)))  # [S + 1]
     first_token = np.empty(local.size, dtype=np.int64)  # [n] within its segment
     lengths = np.empty(local.size, dtype=np.int64)  # [n]
-    touched = [j for j in range(len(segments)) if bounds[j] < bounds[j + 1]]
-    for j in touched:
-        mine = local[bounds[j]:bounds[j + 1]] - firsts[j]
-        first_token[bounds[j]:bounds[j + 1]] = segments[j].offsets[mine]
-        lengths[bounds[j]:bounds[j + 1]] = segments[j].offsets[mine + 1] - segments[j].offsets[mine]
+    hit = [j for j in range(len(segments)) if bounds[j] < bounds[j + 1]]  # segments holding candidates
+    for j in hit:
+        a, b = bounds[j], bounds[j + 1]
+        segment_offsets = segments[j].offsets
+        mine = local[a:b] - firsts[j]
+        first_token[a:b] = segment_offsets[mine]
+        lengths[a:b] = segment_offsets[mine + 1] - first_token[a:b]
     offsets = np.zeros(local.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     rows_all = np.repeat(first_token - offsets[:-1], lengths) + np.arange(int(offsets[-1]))  # [t]
-    rows = [rows_all[offsets[bounds[j]]:offsets[bounds[j + 1]]] for j in touched]
-    touched = [segments[j] for j in touched]
+    rows = [rows_all[offsets[bounds[j]]:offsets[bounds[j + 1]]] for j in hit]
+    touched = [segments[j] for j in hit]
     if not touched:
         return torch.zeros(0, refine.dim, device=device), offsets
     tokens = _take([s.embeddings for s in touched], rows, device)  # [t, d]
