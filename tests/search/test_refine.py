@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import maxsim
 from conftest import KERNEL_DEVICE
 from maxsim.search import Corpus
+from maxsim.search import refine as refine_module
 
 
 def _docs(generator, n=120, d=32):
@@ -106,9 +107,13 @@ def test_refine_from_one_byte_tokens(one_byte):
     torch.testing.assert_close(got.scores[0].cpu(), want[order], rtol=1e-5, atol=1e-5)
 
 
-def test_rerank_is_the_exact_top_k_of_given_candidates():
+@pytest.mark.parametrize("merge_on_host", [True, False])
+def test_rerank_is_the_exact_top_k_of_given_candidates(monkeypatch, merge_on_host):
     # Corpus.rerank: candidates from anywhere (padding -1, repeats, a deleted document), scored from
-    # the corpus's own tokens; a slot with no candidate has index -1 and id None.
+    # the corpus's own tokens; a slot with no candidate has index -1 and id None. The final merge
+    # runs on the host for few pairs and on the scoring device for many: both give the same answer.
+    if not merge_on_host:
+        monkeypatch.setattr(refine_module, "HOST_MERGE_PAIRS", 0)
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
     docs = _docs(g, n=40)
     ids = [f"d{i}" for i in range(40)]
@@ -118,6 +123,7 @@ def test_rerank_is_the_exact_top_k_of_given_candidates():
     candidates[0, 3:] = -1
     candidates[1, 1] = candidates[1, 0]  # a repeat counts once
     got = full.rerank(queries, candidates, 5, device=KERNEL_DEVICE)
+    assert got.scores.device.type == got.indices.device.type == torch.device(KERNEL_DEVICE).type
     want_s, want_i = _expected(queries, docs, [sorted(set(r) - {-1}) for r in candidates.tolist()], 5)
     for row, (s, i) in enumerate(zip(want_s, want_i)):
         assert got.indices[row, :len(i)].tolist() == i and bool((got.indices[row, len(i):] == -1).all())

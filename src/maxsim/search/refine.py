@@ -20,6 +20,10 @@ import torch
 from maxsim._results import check_refine_factor
 from maxsim.search.topk import candidate_table, check_k, merge_topk
 
+# Candidate pairs up to which the refine's final top-k merge runs on the host (the scores come
+# back anyway): at one query the merge's small kernels were a fifth of the refine stage.
+HOST_MERGE_PAIRS = 1 << 15
+
 
 def check_refine(corpus, refine, refine_factor) -> int:
     """The refine corpus checked against ``corpus`` (a Corpus: ``refine`` must be one of its
@@ -204,6 +208,10 @@ def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: t
     got = score_pairs_packed(qd, tokens, torch.from_numpy(cu_q_host).to(device), torch.from_numpy(cu_d).to(device),
                              pairs[0], pairs[1], int(lengths_q.max()) if lengths_q.size else 0,
                              int(lengths_d.max()))  # [Nq * m]
+    if Nq * m <= HOST_MERGE_PAIRS:  # ~25 tiny kernels on the GPU cost more than one copy and the merge here
+        scores = torch.where(torch.from_numpy(valid), got.float().view(Nq, m).cpu(), float("-inf"))
+        scores, top = merge_topk(scores, torch.from_numpy(idx), k)
+        return scores.to(device), top.to(device)
     indices = indices.to(device)
     scores = torch.where(indices >= 0, got.float().view(Nq, m), float("-inf"))
     return merge_topk(scores, indices, k)
