@@ -79,8 +79,8 @@ for step in "$@"; do
     # SPLICED_POOL: the pool's folder (default /tmp/real), reused when a call on the same warm machine
     # built it; SPLICED_QUERIES_FOR: passage counts whose queries to encode now, so that a later call
     # needs no model (fast-plaid's four wheels and the model do not fit one carry).
-    spliced) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-real \
-               .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+    spliced) ! ls .whl-real/*.whl >/dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps --no-compile \
+               --no-cache-dir --upgrade --target /tmp/site-real .whl-real/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
              ( export PYTHONPATH="/tmp/site-real:$PWD/.whl-real/extra:$PYTHONPATH" HF_HUB_OFFLINE=1
                t0=$(date +%s) pool=${SPLICED_POOL:-/tmp/real}
                [ -f "$pool/meta.json" ] && echo "pool: $pool (built by an earlier call)" \
@@ -91,6 +91,12 @@ for step in "$@"; do
 SplicedPassages('$pool', $docs, device='cuda').queries(); print('queries for', $docs, 'passages saved')"
                done
                left=$(( ${SPLICED_BUDGET:-585} - $(date +%s) + t0 ))
+               # a 10M build alone takes ~330 s on the H100 (250K slices): too little left after the pool, and
+               # the call would spend its time on a cell that cannot finish; the kept pool serves the next call
+               if [ "$left" -lt "${SPLICED_MIN_LEFT:-400}" ]; then
+                 echo "spliced: ${left} s left, under SPLICED_MIN_LEFT=${SPLICED_MIN_LEFT:-400}: the search runs in the next call (pool $pool kept)"
+                 exit 0
+               fi
                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/headline_bench.py \
                  --docs "${SPLICED_DOCS:-10000000}" --passages "spliced:$pool" --slice-docs 250000 \
                  --encodings "${SPLICED_ENCODINGS-residual2:plaid}" --engines "${SPLICED_ENGINES-}" --refine int8 \

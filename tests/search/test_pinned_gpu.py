@@ -22,8 +22,9 @@ def _caching_host_bytes() -> int:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int8, torch.float8_e4m3fn])
 def test_a_large_copy_is_page_locked_at_its_own_size(dtype):
-    # just over 2^26 bytes: the caching allocator would take 2^27
-    rows = (pinned.EXACT_BYTES + (1 << 20)) // 256
+    # just over EXACT_BYTES (2^26) whatever the element size: the caching allocator would take 2^27
+    row_bytes = 128 * torch.empty((), dtype=dtype).element_size()
+    rows = (pinned.EXACT_BYTES + (1 << 20)) // row_bytes
     src = torch.randn(rows, 128, device="cuda").to(dtype)  # [rows, 128]
     before, live = _caching_host_bytes(), pinned.live_registrations()
     host = pinned.pinned_copy(src)

@@ -187,8 +187,10 @@ def test_mismatched_queries_name_the_corpus(tmp_path):
         Corpus.from_list(random_docs(3, d=4)).save(tmp_path / "c", append=True)
     with pytest.raises(ValueError, match="already in corpus"):
         Corpus.from_list(random_docs(3)).save(tmp_path / "c", append=True)
-    with pytest.raises(ValueError, match="unique"):
-        Corpus.from_list(random_docs(3), ids=["a", "b", "a"])
+    for repeated in (["a", "b", "a"], [0, 2, 2], np.array([3, 1, 3])):  # in order or not
+        with pytest.raises(ValueError, match="unique"):
+            Corpus.from_list(random_docs(3), ids=repeated)
+    assert Corpus.from_list(random_docs(3), ids=np.array([9, 4, 7])).ids.tolist() == [9, 4, 7]
 
 
 def test_plan_chunks_balanced_and_bounded():

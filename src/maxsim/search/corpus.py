@@ -216,7 +216,10 @@ def _normalize_ids(ids, n: int, first: int = 0):
             raise TypeError("maxsim: document ids must be all str or all int")
     if len(out) != n:
         raise ValueError(f"maxsim: ids must have one entry per document ({n}); got {len(out)}")
-    unique = len(np.unique(out)) if isinstance(out, np.ndarray) else len(set(out))
+    if isinstance(out, np.ndarray):  # increasing ids (a slice's range, the common case) need no sort
+        unique = n if bool(np.all(out[1:] > out[:-1])) else len(np.unique(out))
+    else:
+        unique = len(set(out))
     if unique != n:
         raise ValueError("maxsim: document ids must be unique")
     return out
