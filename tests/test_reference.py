@@ -137,8 +137,10 @@ def test_chunking_bounds_memory_without_changing_results():
     # other may swap as the winner; a winner that differs must be such a near-tie (float64 products).
     differ = small[1] != big[1]
     sim = torch.einsum("qid,njd->qnij", Q.double(), D.double())  # [Nq, Nd, Lq, Ld]
-    pick = lambda argmax: sim.gather(-1, argmax.clamp(min=0).long()[..., None])[..., 0]  # noqa: E731
-    torch.testing.assert_close(pick(small[1])[differ], pick(big[1])[differ], rtol=0, atol=1e-5)
+    def winner(argmax):  # [Nq, Nd, Lq]: the float64 product of each winning document token
+        return sim.gather(-1, argmax.clamp(min=0).long()[..., None])[..., 0]
+
+    torch.testing.assert_close(winner(small[1])[differ], winner(big[1])[differ], rtol=0, atol=1e-5)
     assert int(differ.sum()) <= 2
 
 

@@ -208,10 +208,9 @@ def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: t
     got = score_pairs_packed(qd, tokens, torch.from_numpy(cu_q_host).to(device), torch.from_numpy(cu_d).to(device),
                              pairs[0], pairs[1], int(lengths_q.max()) if lengths_q.size else 0,
                              int(lengths_d.max()))  # [Nq * m]
-    if Nq * m <= HOST_MERGE_PAIRS:  # ~25 tiny kernels on the GPU cost more than one copy and the merge here
-        scores = torch.where(torch.from_numpy(valid), got.float().view(Nq, m).cpu(), float("-inf"))
-        scores, top = merge_topk(scores, torch.from_numpy(idx), k)
-        return scores.to(device), top.to(device)
-    indices = indices.to(device)
-    scores = torch.where(indices >= 0, got.float().view(Nq, m), float("-inf"))
-    return merge_topk(scores, indices, k)
+    # few pairs merge on the host: ~25 tiny kernels on the GPU cost more than one copy and the merge there
+    at = torch.device("cpu") if Nq * m <= HOST_MERGE_PAIRS else device
+    indices = indices.to(at)
+    scores = torch.where(indices >= 0, got.float().view(Nq, m).to(at), float("-inf"))
+    scores, top = merge_topk(scores, indices, k)
+    return scores.to(device), top.to(device)
