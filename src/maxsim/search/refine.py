@@ -190,7 +190,8 @@ def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: t
 
     k = check_k(k)
     Nq, m = indices.shape
-    idx = indices.cpu().numpy()
+    indices_host = indices.cpu()
+    idx = indices_host.numpy()
     valid = idx >= 0
     local = idx - refine.base_index
     docs = np.unique(local[valid])  # [n] sorted
@@ -210,7 +211,7 @@ def refine_candidates(refine, q: torch.Tensor, cu_q_host: np.ndarray, indices: t
                              int(lengths_d.max()))  # [Nq * m]
     # few pairs merge on the host: ~25 tiny kernels on the GPU cost more than one copy and the merge there
     at = torch.device("cpu") if Nq * m <= HOST_MERGE_PAIRS else device
-    indices = indices.to(at)
+    indices = indices_host if at.type == "cpu" else indices.to(at)
     scores = torch.where(indices >= 0, got.float().view(Nq, m).to(at), float("-inf"))
     scores, top = merge_topk(scores, indices, k)
     return scores.to(device), top.to(device)
