@@ -423,7 +423,8 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
     # (label, search, settings) in order: the exhaustive scan, or for a ":plaid" cell the same codes
     # scanned exhaustively first (so that one build times both), then each PLAID setting
     row["searches"] = []
-    _time_searches(row, encoding, corpus, dict(progress=False), Q, truth, full, options, device, t_cell)
+    if not (first_stage == "plaid" and options["plaid_only"]):  # --plaid-only: the scan was measured before
+        _time_searches(row, encoding, corpus, dict(progress=False), Q, truth, full, options, device, t_cell)
     if first_stage == "plaid":
         try:  # a failure here (memory at 10M) is the PLAID row's note; the scan's rows stay
             _plaid_searches(row, encoding, corpus, Q, truth, full, options, device, t_cell)
@@ -640,6 +641,8 @@ def main() -> None:
                          "both fit, and the one-byte Gluon scorer")
     ap.add_argument("--plaid-settings", default="fast-plaid", choices=("fast-plaid", "colbert"),
                     help="the search settings of residual<n>:plaid cells (maxsim.index's named settings)")
+    ap.add_argument("--plaid-only", action="store_true",
+                    help="a :plaid cell times only its PLAID searches, not the exhaustive scan of the same codes")
     ap.add_argument("--plaid-args", default="",
                     help="overrides of those settings, e.g. ncells=2,ndocs=1024,centroid_score_threshold=0.45 "
                          "(none turns the threshold off); several searches of one index: groups split by ';'")
@@ -662,7 +665,7 @@ def main() -> None:
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
                    refine=args.refine, lookup_only=args.lookup_only, engine_host_input=args.engine_host_input,
-                   plaid_settings=dict(settings=args.plaid_settings), plaid_variants=_plaid_variants(args.plaid_args),
+                   plaid_settings=dict(settings=args.plaid_settings), plaid_variants=_plaid_variants(args.plaid_args), plaid_only=args.plaid_only,
                    refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -727,7 +730,9 @@ def main() -> None:
                                          error=f"{failed(result)}; the rows above finished before it"))
                     result = dict(result, status="ok")
                 for i, timed in enumerate(searches):
-                    note = (result.get("note") or failed(result)) if i == 0 else _search_note(timed, result)
+                    # the first row carries the cell's note; a PLAID or refined row (first under --plaid-only) its own
+                    note = "; ".join(filter(None, ((result.get("note") or failed(result)) if i == 0 else "",
+                                                   _search_note(timed, result) if timed["label"] != encoding else "")))
                     if result["status"] == "ok" and timed.get("queries_1", args.queries) < args.queries:
                         note = (note + "; " if note else "") + \
                             f"batch 1: {timed['queries_1']} of {args.queries} queries in the time budget"

@@ -55,3 +55,21 @@ def test_a_finished_cell_is_reported_as_before(tmp_path, monkeypatch):
     labels = [r["encoding"] for r in rows]
     assert labels == ["int8", "residual2", "residual2+r2"]
     assert all(0.0 <= r["recall_1"] <= 1.0 for r in rows)
+
+
+def test_plaid_only_times_the_plaid_searches_and_not_the_scan(tmp_path, monkeypatch):
+    out = tmp_path / "headline.json"
+    monkeypatch.setattr(headline_bench, "run_isolated", _in_process(set()))
+    monkeypatch.setattr(sys, "argv", ["headline_bench.py", "--docs", "400", "--encodings", "residual2:plaid",
+                                      "--plaid-only", "--plaid-args", "ncells=2,ndocs=64", "--engines", "",
+                                      "--device", "cpu", "--queries", "4", "--reps", "1", "--search-budget-s", "120",
+                                      "--refine", "float16", "--refine-factors", "2", "--deadline-s", "0",
+                                      "--tmp", str(tmp_path), "--out", str(out)])
+    headline_bench.main()
+    rows = json.loads(out.read_text())["rows"]
+    labels = [r["encoding"] for r in rows]
+    assert labels == ["residual2:plaid[ncells=2,ndocs=64]", "residual2:plaid[ncells=2,ndocs=64]+r2"]
+    first, refined = rows
+    assert first["build_s"] > 0 and "index.from_corpus" in first["note"]  # the cell's build, the PLAID note
+    assert "refined from float16" in refined["note"]
+    assert all(0.0 <= r["recall_1"] <= 1.0 and r["queries_1"] == 4 for r in rows)
