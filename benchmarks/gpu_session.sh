@@ -100,7 +100,7 @@ SplicedPassages('$pool', $docs, device='cuda').queries(); print('queries for', $
                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/headline_bench.py \
                  --docs "${SPLICED_DOCS:-10000000}" --passages "spliced:$pool" --slice-docs 250000 \
                  --encodings "${SPLICED_ENCODINGS-residual2:plaid}" --engines "${SPLICED_ENGINES-}" --refine int8 \
-                 --refine-factors 8 --plaid-args "${SPLICED_PLAID_ARGS:-ncells=2;ncells=4;ncells=8}" --reps 5 \
+                 --refine-factors "${SPLICED_REFINE_FACTORS:-8}" --plaid-args "${SPLICED_PLAID_ARGS:-ncells=2;ncells=4;ncells=8}" --reps 5 \
                  --search-budget-s 8 --deadline-s "$left" --timeout "$left" ${SPLICED_ARGS:-} \
                  --out "$OUT/headline-spliced.json" 2>&1 | tee "$OUT/headline-spliced.log" | tail -14 ) || status=1 ;;
     # The search server under load (issue 55 point 3): SERVE_DOCS passages (default 1M), 64 concurrent

@@ -379,6 +379,8 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         finally:
             torch.set_float32_matmul_precision(previous)
         build_s += time.perf_counter() - t0
+        if first == 0 and slice_docs < num_docs:  # the first slice trains the codec: its share of the build
+            _stage(encoding, f"first slice encoded ({build_s:.1f} s, the codec's training included)", t_cell)
         if refine_encoding:  # the refine stage's tokens, in host memory (pinned: the candidates' copy)
             t1 = time.perf_counter()
             host = maxsim.Corpus.from_packed(tokens, offsets, encoding=refine_encoding)
