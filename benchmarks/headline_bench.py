@@ -423,7 +423,7 @@ def encoding_cell(num_docs: int, encoding: str, options: dict, folder: str) -> d
         row.update(refine_encoding=refine_encoding, refine_host_gb=full.num_tokens * full.bytes_per_token / 1e9)
         row["refine_build_s"] = refine_s
     # (label, search, settings) in order: the exhaustive scan, or for a ":plaid" cell the same codes
-    # scanned exhaustively first (so that one build times both), then each PLAID setting
+    # scanned exhaustively first (so that one build times both; not under --plaid-only), then each PLAID setting
     row["searches"] = []
     if not (first_stage == "plaid" and options["plaid_only"]):  # --plaid-only: the scan was measured before
         _time_searches(row, encoding, corpus, dict(progress=False), Q, truth, full, options, device, t_cell)
@@ -667,7 +667,8 @@ def main() -> None:
                    xtr_warp_threads=args.xtr_warp_threads,
                    xtr_warp_threshold=args.xtr_warp_threshold, colsearch_warmup=args.colsearch_warmup,
                    refine=args.refine, lookup_only=args.lookup_only, engine_host_input=args.engine_host_input,
-                   plaid_settings=dict(settings=args.plaid_settings), plaid_variants=_plaid_variants(args.plaid_args), plaid_only=args.plaid_only,
+                   plaid_settings=dict(settings=args.plaid_settings), plaid_variants=_plaid_variants(args.plaid_args),
+                   plaid_only=args.plaid_only,
                    refine_factors=[int(f) for f in args.refine_factors.split(",") if f.strip()])
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -733,8 +734,9 @@ def main() -> None:
                     result = dict(result, status="ok")
                 for i, timed in enumerate(searches):
                     # the first row carries the cell's note; a PLAID or refined row (first under --plaid-only) its own
-                    note = "; ".join(filter(None, ((result.get("note") or failed(result)) if i == 0 else "",
-                                                   _search_note(timed, result) if timed["label"] != encoding else "")))
+                    cell_note = (result.get("note") or failed(result)) if i == 0 else ""
+                    own_note = _search_note(timed, result) if timed["label"] != encoding else ""
+                    note = "; ".join(filter(None, (cell_note, own_note)))
                     if result["status"] == "ok" and timed.get("queries_1", args.queries) < args.queries:
                         note = (note + "; " if note else "") + \
                             f"batch 1: {timed['queries_1']} of {args.queries} queries in the time budget"
