@@ -58,8 +58,11 @@ def test_split_terms_rebuild_the_value_and_lay_out_per_side():
     hi, lo = q3[..., :24].float(), q3[..., 24:48].float()  # queries: [hi, lo, hi]
     assert torch.equal(q3[..., 48:], q3[..., :24]) and torch.equal(d3[..., 48:], q3[..., :24])
     assert torch.equal(d3[..., 24:48], q3[..., :24]) and torch.equal(d3[..., :24], q3[..., 24:48])  # [lo, hi, hi]
-    rebuilt = (hi + lo) / scale
-    assert float(((rebuilt - x).abs() / x.abs()).max()) < 2**-21
+    # hi + lo carries 22 bits, except where lo falls below fp16's normal range: there its
+    # rounding is half the subnormal step, 2**-25 in scaled units (seed 55637769 has x = 2.4e-5).
+    error = ((hi + lo) - x * scale).abs()  # scaled units
+    bound = torch.clamp(2**-22 * (1 + 2**-11) * (x * scale).abs(), min=2**-25)
+    assert bool((error <= bound).all()), float((error / bound).max())
 
 
 @pytest.mark.parametrize("layout", ["cross", "candidates", "packed", "pairs"])
