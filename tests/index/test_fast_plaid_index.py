@@ -212,6 +212,22 @@ def test_gpu_search_matches_cpu(tmp_path):
     assert (gpu_pids.cpu() == cpu_pids).float().mean() >= 0.9
 
 
+@pytest.mark.gpu
+def test_gpu_batch_scores_each_query_as_searched_alone(tmp_path):
+    # The exact stage runs each query of a batch through the fused scorer that one query uses, so a
+    # batch's pids and scores are those of its queries searched one at a time, bit for bit.
+    doc_lengths = torch.randint(1, 120, (4000,)).tolist()
+    _write_fast_plaid(str(tmp_path), doc_lengths, [2000, 2000], dim=128, num_centroids=256, merged=True)
+    index = maxsim.index.load(tmp_path, device="cuda")
+    Q = torch.nn.functional.normalize(torch.randn(6, 32, 128, device="cuda"), dim=-1).half()
+    scores, pids, _ = index.search(Q, k=10, settings="fast-plaid", ndocs=512)  # no mask: the same shapes alone
+    assert torch.all(pids >= 0)
+    for i in range(6):
+        alone_scores, alone_pids, _ = index.search(Q[i], k=10, settings="fast-plaid", ndocs=512)
+        assert torch.equal(pids[i], alone_pids), i
+        assert torch.equal(scores[i], alone_scores), i
+
+
 def test_search_command_reads_an_index(tmp_path):
     # python -m maxsim search --index: the same ids and scores as index.search, as a TREC run.
     from maxsim.cli import main

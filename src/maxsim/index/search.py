@@ -8,14 +8,14 @@ batch through each stage at once (no loop over queries):
      tokens whose centroid is below the threshold for every token of that query dropped; each
      query keeps its top ``ndocs`` pairs
   4. full approximate score (no pruning) of those; each query keeps its top ndocs // 4
-  5. exact MaxSim of those pairs on their decoded residuals (each document decoded once for all
-     the queries that kept it); each query's top k
+  5. exact MaxSim of those pairs on their decoded residuals, query by query through the fused
+     scorer, which decodes each tile on chip; each query's top k
 Without a threshold (fast-plaid's settings) steps 3 and 4 are one: the top ndocs by the full
 approximate score, then the top ndocs // 4 of the same scores. Ties go to the higher pid in the
 approximate stages (colbert-ai's priority queue) and keep that order in the exact one.
 
-Work is bounded by ``_PAIR_TOKENS``: the approximate and exact stages walk the pairs in chunks of
-at most that many document tokens.
+Work is bounded by ``_PAIR_TOKENS``: the approximate stage's PyTorch path walks the pairs in chunks
+of at most that many document tokens; the exact stage holds one query's documents at a time.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch
 
 from maxsim._results import SearchResult, check_refine_factor
 from maxsim.search.changes import ids_at
-from maxsim.varlen.ops import score_pairs_packed
 
 from ..compressed._inputs import check_q_mask
 from ..compressed.scoring import EMPTY_TOKEN_SCORE, maxsim_residual_varlen
@@ -169,26 +168,28 @@ def _best_per_query(query, scores, pids, n, num_queries):
     return order[rank < n]
 
 
-def _exact_scores(index, q, cu_q, max_q, query, pids, decode_dtype):
+def _exact_scores(index, q, cu_q, query, pids, decode_dtype):
     """MaxSim of each pair [P] fp32 on its document's decoded residuals (normalised as colbert-ai
-    does), each document decoded once a chunk for every query of the chunk that kept it."""
+    does). q [Tq, d] packed real query tokens, cu_q [Nq + 1]; query / pids [P] grouped by query.
+
+    One query at a time: its documents are gathered and scored by the fused residual scorer, which
+    decodes each tile on chip and stores nothing. Queries of a batch rarely share candidates, so
+    decoding a document once for all of them saved nothing, and writing the decoded tokens out for
+    a pair scorer made a batch of 32 slower than its queries one by one (BENCHMARKS.md, PLAID at 10M).
+    """
     codec = index.codec.to(q.device) if index.codec.device != q.device else index.codec
-    if cu_q.numel() == 2:  # one query: its documents decoded on chip by the fused scorer, never stored
-        docs, local = torch.unique(pids, return_inverse=True)
-        codes, residuals, cu_d = gather_documents(index, docs)
-        scores = maxsim_residual_varlen(q, codes.to(q.device), residuals.to(q.device), cu_d.to(q.device), codec,
-                                        decode_dtype=decode_dtype)  # [n]
-        return scores[local]
-    where = index.cu_seqlens.device
-    lengths = index.doc_lengths[pids.to(where)].cpu()
+    num_queries = cu_q.numel() - 1
+    bounds = torch.searchsorted(query, torch.arange(num_queries + 1, device=query.device)).tolist()
+    token_bounds = cu_q.tolist()
     out = torch.empty(pids.numel(), dtype=torch.float32, device=q.device)
-    for start, stop in _chunks(lengths):
-        docs, local = torch.unique(pids[start:stop], return_inverse=True)  # each document once
-        codes, residuals, cu_d = gather_documents(index, docs)
-        decoded = codec.decode(codes.to(q.device), residuals.to(q.device), normalize=True, dtype=decode_dtype)
-        max_d = int((cu_d[1:] - cu_d[:-1]).max())
-        out[start:stop] = score_pairs_packed(q, decoded, cu_q, cu_d.to(q.device), query[start:stop], local,
-                                                     max_seqlen_q=max_q, max_seqlen_d=max_d)
+    for i in range(num_queries):
+        first, last = bounds[i], bounds[i + 1]
+        if first == last:
+            continue
+        codes, residuals, cu_d = gather_documents(index, pids[first:last])  # each pid once per query
+        out[first:last] = maxsim_residual_varlen(q[token_bounds[i]:token_bounds[i + 1]], codes.to(q.device),
+                                                 residuals.to(q.device), cu_d.to(q.device), codec,
+                                                 decode_dtype=decode_dtype)  # [last - first]
     return out
 
 
@@ -217,7 +218,7 @@ def _search_batch(index, Q, real, k, ncells, threshold, ndocs, decode_dtype, all
     q = Q[real].to(decode_dtype)  # [Tq, d]: real tokens only, packed
     cu_q = torch.zeros(num_queries + 1, dtype=torch.int64, device=device)
     torch.cumsum(lengths, 0, out=cu_q[1:])
-    exact = _exact_scores(index, q, cu_q, int(lengths.max()), query, pids, decode_dtype)
+    exact = _exact_scores(index, q, cu_q, query, pids, decode_dtype)
     # the top k of each query; equal exact scores keep the approximate order
     order = torch.sort(exact, descending=True, stable=True).indices
     order = order[torch.sort(query[order], stable=True).indices]
