@@ -1,5 +1,5 @@
 """PLAID search over a loaded index (colbert-ai's pipeline, on maxsim's scoring), every query of a
-batch through each stage at once (no loop over queries):
+batch through stages 1-4 at once and through the exact stage one at a time:
 
   1. centroid scores S = Q @ centroids.T                              [Nq, Lq, C] fp32
   2. IVF probe: the top ``ncells`` centroids of every real query token; each query's candidates
